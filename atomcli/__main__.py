@@ -1,0 +1,5 @@
+"""`python -m atomcli` runs the CLI."""
+
+from atomcli.cli import main
+
+main()

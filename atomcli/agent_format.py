@@ -1,0 +1,180 @@
+"""The agent format (DESIGN.md §4): system prompt, tool descriptions, and turn parsing.
+
+One assistant turn is `<think>…atomic thoughts…</think>` followed by exactly one of
+`<tool_call>{json}</tool_call>` or `<answer>short answer</answer>`. Every parser here is
+total: it never raises on model output, it returns a defined result (and an error message
+the model can read, for malformed tool calls).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+from dataclasses import dataclass, field
+
+TOOL_NAMES = ("web_search", "browse_webpage")
+MAX_QUERIES = 3
+MAX_URLS = 3
+MAX_ARG_CHARS = 2000  # longer queries/urls are cut: a model can emit megabytes
+
+TOOLS_DOC = [
+    {"name": "web_search",
+     "description": "Search the web. Returns the top results (title, url, snippet) for each query.",
+     "arguments": {"query": "list of up to 3 search queries (strings)"}},
+    {"name": "browse_webpage",
+     "description": "Read web pages and return the information in them that is relevant to `query`.",
+     "arguments": {"url_list": "list of up to 3 urls taken from search results", "query": "what to look for"}},
+]
+
+DEFAULT_SYSTEM_PROMPT = """You are a research agent. Today is {date}. Answer the question by searching and reading; your own memory is not enough.
+
+Every turn, think first inside <think></think>, splitting your reasoning into atomic thoughts, each wrapped in a tag that names its kind, for example <OBSERVATION>what the results show</OBSERVATION> <PLAN>what to do next</PLAN> <HYPOTHESIS_TESTING>check a guess</HYPOTHESIS_TESTING> <REFLECTION>what went wrong or right</REFLECTION> <ACTION>the call to make</ACTION>.
+After </think> write exactly one of:
+<tool_call>{{"name": "web_search", "arguments": {{"query": ["first query", "second query"]}}}}</tool_call>
+<tool_call>{{"name": "browse_webpage", "arguments": {{"url_list": ["https://..."], "query": "what to find"}}}}</tool_call>
+<answer>short answer</answer>
+
+Tools:
+{tools}
+
+Tool results come back inside <tool_response></tool_response>. The answer is a short phrase (a name, a place, a date or a number); for yes/no questions answer yes or no."""
+
+
+def tools_text() -> str:
+    return "\n".join(json.dumps(t) for t in TOOLS_DOC)
+
+
+def system_prompt(date: str = "", template: str = "") -> str:
+    """The system prompt with today's date (settable for reproducibility) and tools filled in."""
+    date = date or _dt.date.today().isoformat()
+    tpl = template or DEFAULT_SYSTEM_PROMPT
+    tpl = tpl.replace("{{", "{").replace("}}", "}")
+    return tpl.replace("{date}", date).replace("{tools}", tools_text())
+
+
+def user_message(question: str) -> str:
+    return f"Question: {question}"
+
+
+def tool_message(observation: str) -> str:
+    return f"<tool_response>\n{observation}\n</tool_response>"
+
+
+# --- parsing ------------------------------------------------------------------------------------
+
+THINK_RE = re.compile(r"<think>(.*?)</think>", re.S)
+ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
+TOOL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+UNIT_RE = re.compile(r"<([A-Z][A-Z0-9_]*)>(.*?)</\1>", re.S)
+STOP_STRINGS = ("</tool_call>", "</answer>")
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict
+    error: str | None = None  # set when the call is malformed; the observation tells the model
+
+
+@dataclass
+class Turn:
+    text: str
+    think: str | None
+    answer: str | None
+    tool_call: ToolCall | None
+    well_formed: bool
+    problems: list[str] = field(default_factory=list)
+
+
+def extract_answer(text: str) -> str | None:
+    """The last <answer>…</answer> of a text, stripped; None when there is none."""
+    if not isinstance(text, str):
+        return None
+    hits = ANSWER_RE.findall(text)
+    return hits[-1].strip() if hits else None
+
+
+def parse_tool_call(raw: str) -> ToolCall:
+    """Parse and validate the JSON inside <tool_call>. Never raises."""
+    raw = (raw or "").strip()
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        return ToolCall("", {}, f"invalid JSON in tool call ({str(e)[:80]}); "
+                                'write {"name": "web_search", "arguments": {"query": ["..."]}}')
+    if not isinstance(obj, dict):
+        return ToolCall("", {}, "tool call must be a JSON object with `name` and `arguments`")
+    name = obj.get("name")
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models double-encode
+        try:
+            args = json.loads(args)
+        except ValueError:
+            args = None
+    if name not in TOOL_NAMES:
+        return ToolCall(str(name)[:100], {}, f"unknown tool `{str(name)[:100]}`; valid: {', '.join(TOOL_NAMES)}")
+    if not isinstance(args, dict):
+        return ToolCall(name, {}, "`arguments` must be a JSON object")
+    if name == "web_search":
+        q = args.get("query")
+        if isinstance(q, str):
+            q = [q]
+        if not isinstance(q, list) or not q or not all(isinstance(x, str) and x.strip() for x in q):
+            return ToolCall(name, {}, "web_search needs `query`: a list of 1-3 non-empty strings")
+        return ToolCall(name, {"query": [x.strip()[:MAX_ARG_CHARS] for x in q[:MAX_QUERIES]]})
+    urls = args.get("url_list", args.get("urls"))
+    if isinstance(urls, str):
+        urls = [urls]
+    if not isinstance(urls, list) or not urls or not all(isinstance(u, str) and u.strip() for u in urls):
+        return ToolCall(name, {}, "browse_webpage needs `url_list`: a list of 1-3 urls")
+    query = args.get("query", "")
+    if not isinstance(query, str):
+        query = json.dumps(query)[:MAX_ARG_CHARS]
+    return ToolCall(name, {"url_list": [u.strip()[:MAX_ARG_CHARS] for u in urls[:MAX_URLS]],
+                           "query": query[:MAX_ARG_CHARS]})
+
+
+def parse_turn(text: str) -> Turn:
+    """Split an assistant turn into think / tool call / answer and check its form."""
+    text = text if isinstance(text, str) else ""
+    problems = []
+    thinks = THINK_RE.findall(text)
+    n_open, n_close = text.count("<think>"), text.count("</think>")
+    if n_open != 1 or n_close != 1 or len(thinks) != 1:
+        problems.append("the turn must have exactly one <think>…</think>")
+    answers = ANSWER_RE.findall(text)
+    calls = TOOL_RE.findall(text)
+    if len(answers) + len(calls) != 1:
+        problems.append("the turn must end with exactly one <tool_call> or <answer>")
+    tool_call = parse_tool_call(calls[-1]) if calls and not answers else None
+    answer = answers[-1].strip() if answers else None
+    if thinks and (answers or calls):
+        first_action = min(i for i in (text.find("<answer>"), text.find("<tool_call>")) if i >= 0)
+        if first_action < text.find("</think>"):
+            problems.append("<tool_call>/<answer> must come after </think>")
+    return Turn(text=text, think=thinks[0] if thinks else None, answer=answer, tool_call=tool_call,
+                well_formed=not problems, problems=problems)
+
+
+def atomic_thoughts(text: str) -> list[tuple[str, str]]:
+    """(tag, text) units inside <think>; a <think> with no units is one unit tagged THINK."""
+    if not isinstance(text, str):
+        return []
+    out = []
+    for think in THINK_RE.findall(text):
+        units = [(tag, body.strip()) for tag, body in UNIT_RE.findall(think)]
+        if units:
+            out.extend(units)
+        elif think.strip():
+            out.append(("THINK", think.strip()))
+    return out
+
+
+def trajectory_format_ok(messages: list[dict]) -> bool:
+    """DESIGN.md §5: every assistant turn well formed, and the last one answers."""
+    turns = [m.get("content") or "" for m in messages or [] if m.get("role") == "assistant"]
+    if not turns:
+        return False
+    parsed = [parse_turn(t) for t in turns]
+    return all(p.well_formed for p in parsed) and parsed[-1].answer is not None

@@ -1,0 +1,307 @@
+"""The `atom` command line: parse flags, read tables, call a stage, write the result.
+
+Nothing here computes anything. Each stage command is generated from its config dataclass
+(fields become flags; default < `--config` file section < flags), reads its input table,
+checks the columns the stage needs (schema.require), calls the stage's `run(table, config,
+context)`, appends provenance and writes atomically. Expected errors print one line and
+exit 2; runtime failures exit 1; `--debug` or ATOM_DEBUG=1 shows tracebacks.
+stdout carries data only; everything for people goes to stderr.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import os
+import sys
+import typing
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from atomcli import __version__
+from atomcli.errors import InputError, NotBuiltError
+
+app = typer.Typer(
+    help="Train LLM research agents with RL: the Atom-Searcher recipe (atomic-thought rewards) on "
+         "DeepResearcher (real web search and browsing), as composable stages over Parquet tables.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+STATE = {"debug": os.environ.get("ATOM_DEBUG", "") not in ("", "0")}
+
+
+def _version(value: bool):
+    if value:
+        typer.echo(f"atomcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks (also ATOM_DEBUG=1).")] = False,
+):
+    if debug:
+        STATE["debug"] = True
+
+
+# --- error boundary ------------------------------------------------------------------------
+
+def _fail(code: int, msg: str):
+    from rich.console import Console
+    from rich.markup import escape
+    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(msg)}")
+    raise typer.Exit(code)
+
+
+def guarded(fn: Callable) -> Callable:
+    """One error boundary for every command."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except InputError as e:
+            if STATE["debug"]:
+                raise
+            _fail(2, e.one_line())
+        except NotBuiltError as e:
+            _fail(1, f"{e} (no output written)")
+        except KeyboardInterrupt:
+            _fail(130, "interrupted (completed work was kept where the command supports --resume)")
+        except BrokenPipeError:
+            os._exit(1)
+        except Exception as e:  # runtime failure
+            if STATE["debug"]:
+                raise
+            _fail(1, f"{type(e).__name__}: {e} (run with --debug for the traceback)")
+    return wrapper
+
+
+# --- stage commands generated from config dataclasses ---------------------------------------
+
+IN = "Input table (Parquet or JSONL; `-` = stdin)."
+OUT_TABLE = "Output table (Parquet unless --format jsonl or a .jsonl name; `-` = stdout)."
+
+
+def _param(name: str, annotation, default=inspect.Parameter.empty):
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def _flag_params(cfg_cls, skip=()) -> list[inspect.Parameter]:
+    hints = typing.get_type_hints(cfg_cls)
+    params = []
+    for f in dataclasses.fields(cfg_cls):
+        if f.name in skip:
+            continue
+        typ = hints[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        help_text = f.metadata.get("help", "") + f"  \\[default: {default}]"
+        names = ["--" + f.name.replace("_", "-")] + list(f.metadata.get("short", []))
+        if typ is bool:
+            names = [f"--{f.name.replace('_', '-')}/--no-{f.name.replace('_', '-')}"]
+        params.append(_param(f.name, Annotated[Optional[typ], typer.Option(*names, help=help_text, show_default=False)], None))
+    return params
+
+
+def stage_command(name: str, module: str, config: str, args: list[tuple[str, str]], handler: Callable,
+                  extra: list[inspect.Parameter] = (), skip: tuple = (), help: str = ""):
+    """Register `atom NAME`: positional `args`, common options, then one flag per config field."""
+    mod = importlib.import_module(f"atomcli.{module}")
+    cfg_cls = getattr(mod, config)
+
+    def impl(**kw):
+        from atomcli import config as cfgmod
+        file_cfg = cfgmod.section(cfgmod.load_file(kw.pop("config_file")), name)
+        flags = {f.name: kw.pop(f.name) for f in dataclasses.fields(cfg_cls) if f.name not in skip}
+        flags = {k: v for k, v in flags.items() if v is not None}
+        cfg = cfgmod.build(cfg_cls, file_cfg, flags, source=f"[{name}] section")
+        return handler(cfg, mod, **kw)
+
+    params = [_param(a, Annotated[str, typer.Argument(help=h, show_default=False)]) for a, h in args]
+    params += list(extra)
+    params.append(_param("config_file", Annotated[Optional[str], typer.Option(
+        "--config", help=f"TOML file; its \\[{name}] section sets defaults that flags override.")], None))
+    params += _flag_params(cfg_cls, skip)
+    impl.__signature__ = inspect.Signature(params)
+    impl.__name__ = name.replace("-", "_")
+    impl.__doc__ = help or (mod.__doc__ or "").strip().split("\n\n")[0]
+    app.command(name)(guarded(impl))
+
+
+OUT_OPT = _param("out", Annotated[str, typer.Option("--out", "-o", help=OUT_TABLE)])
+FMT_OPT = _param("fmt", Annotated[Optional[str], typer.Option("--format", help="Output format: parquet or jsonl.")], None)
+
+
+def _context():
+    from atomcli.context import Context
+    return Context()
+
+
+def _read(path: str, stage: str, columns=None):
+    from atomcli import schema, tableio
+    table = tableio.read_table(path)
+    schema.require(table, stage, "<stdin>" if path == "-" else path, columns)
+    return table
+
+
+def _write(table, out: str, fmt: str | None, stage: str, cfg, inherit=None, **prov):
+    from atomcli import schema, tableio
+    table = schema.with_provenance(table, stage, cfg, inherit=inherit, **prov)
+    tableio.write_table(table, out, fmt)
+
+
+def _table_stage(stage: str):
+    """Handler for stages that map a table to a table."""
+    def handler(cfg, mod, *, input: str, out: str, fmt: str | None):
+        table = _read(input, stage)
+        ctx = _context()
+        result = mod.run(table, cfg, ctx)
+        _write(result, out, fmt, stage, cfg, inherit=table)
+    return handler
+
+
+def _rollout_handler(cfg, mod, *, questions: str, out: str, fmt: str | None, resume: bool):
+    from atomcli import plugins, rollout_io
+    plugins.check_search_spec(cfg.search)
+    table = _read(questions, "rollout")
+    rollout_io.run_to_file(mod, table, cfg, _context(), out=out, fmt=fmt, resume=resume)
+
+
+def _checkpoint_stage(stage: str):
+    """Handler for stages that write a checkpoint folder (sft, grpo-step)."""
+    def handler(cfg, mod, *, data: str, out: str):
+        from atomcli import checkpoint
+        table = _read(data, stage)
+        ctx = _context()
+        result = mod.run(table, cfg, ctx)
+        checkpoint.save(result, out, stage=stage, config=cfg, context=ctx)
+        ctx.log(f"[green]wrote[/] {out}")
+    return handler
+
+
+def _eval_handler(cfg, mod, *, input: str, out: str, markdown: str | None, history: str | None):
+    from atomcli import evaluate_io
+    evaluate_io.run_to_files(mod, input, cfg, _context(), out=out, markdown=markdown, history=history)
+
+
+stage_command("sft", "sft", "SFTConfig", [("data", "Trajectory table or chat JSONL (`messages` column).")],
+              _checkpoint_stage("sft"),
+              extra=[_param("out", Annotated[str, typer.Option("--out", "-o", help="Checkpoint folder to write.")])])
+stage_command("rollout", "rollout", "RolloutConfig", [("questions", "FlashRAG questions: id, question, golden_answers.")],
+              _rollout_handler,
+              extra=[OUT_OPT, FMT_OPT, _param("resume", Annotated[bool, typer.Option(
+                  "--resume", help="Skip groups already in --out (after a crash or Ctrl-C).")], False)])
+stage_command("score-rrm", "score_rrm", "ScoreConfig", [("input", "Rollout table.")],
+              _table_stage("score-rrm"), extra=[OUT_OPT, FMT_OPT])
+stage_command("aggregate-reward", "aggregate_reward", "AggregateConfig", [("input", "Scored rollout table.")],
+              _table_stage("aggregate-reward"), extra=[OUT_OPT, FMT_OPT])
+stage_command("grpo-step", "grpo_step", "GRPOConfig", [("data", "Rewarded rollout table.")],
+              _checkpoint_stage("grpo-step"),
+              extra=[_param("out", Annotated[str, typer.Option("--out", "-o", help="New checkpoint folder.")])])
+stage_command("eval", "evaluate", "EvalConfig", [("input", "Answered rollouts, or questions with --model.")],
+              _eval_handler,
+              extra=[_param("out", Annotated[str, typer.Option("--out", "-o", help="Report JSON (`-` = stdout).")]),
+                     _param("markdown", Annotated[Optional[str], typer.Option("--markdown", help="Also write a Markdown report.")], None),
+                     _param("history", Annotated[Optional[str], typer.Option("--history", help="Append one JSON line per run (for cron).")], None)])
+
+
+# --- utility commands ------------------------------------------------------------------------
+
+@app.command("run-all")
+@guarded
+def run_all_cmd(
+    out: Annotated[str, typer.Option("--out", "-o", help="Run folder: every table, checkpoint, metrics.jsonl, plots.")],
+    config_file: Annotated[Optional[str], typer.Option("--config", help="TOML file: [run-all] plus one section per stage.")] = None,
+    demo: Annotated[bool, typer.Option("--demo", help="Everything embedded: demo world, local index, SmolLM2, offline judge.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="With --demo: a tiny model and a few steps (CI smoke test).")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the last complete step in --out.")] = False,
+):
+    """SFT, then N x \\[rollout -> score-rrm -> aggregate-reward -> grpo-step], with evals; one process."""
+    from atomcli import run_all
+    run_all.main(out=out, config_file=config_file, demo=demo, quick=quick, resume=resume, context=_context())
+
+
+@app.command("index")
+@guarded
+def index_cmd(
+    corpus: Annotated[str, typer.Argument(help="Corpus JSONL/Parquet with id, title, contents (or text), optional url.")],
+    out: Annotated[str, typer.Option("--out", "-o", help="Index file to write (SQLite).")],
+    engine: Annotated[str, typer.Option("--engine", help="fts5 (SQLite, default) or tantivy if installed.")] = "fts5",
+):
+    """Build the local full-text (BM25) search index."""
+    from atomcli import search_local
+    search_local.build_index(corpus, out, engine=engine, context=_context())
+
+
+@app.command("search")
+@guarded
+def search_cmd(
+    query: Annotated[str, typer.Argument(help="Search query.")],
+    index: Annotated[Optional[str], typer.Option("--index", help="Local index (same as --search local:INDEX).")] = None,
+    search: Annotated[Optional[str], typer.Option("--search", help="Search SPEC: local:INDEX, ddg, replay:CACHE.")] = None,
+    k: Annotated[int, typer.Option("-k", "--k", help="Results to show.")] = 10,
+    cache: Annotated[Optional[str], typer.Option("--cache", help="SQLite cache file.")] = None,
+    replay: Annotated[bool, typer.Option("--replay", help="Serve only from --cache.")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+):
+    """Show what the agent's web_search would see, through the rollout's own code path."""
+    from atomcli import tools_cli
+    tools_cli.search(query, index=index, search=search, k=k, cache=cache, replay=replay, fmt=fmt, context=_context())
+
+
+@app.command("browse")
+@guarded
+def browse_cmd(
+    url: Annotated[str, typer.Argument(help="URL to read (or a local result url).")],
+    query: Annotated[str, typer.Option("--query", "-q", help="What the reader looks for.")] = "",
+    search: Annotated[Optional[str], typer.Option("--search", help="Search SPEC whose local urls to resolve (local:INDEX).")] = None,
+    cache: Annotated[Optional[str], typer.Option("--cache", help="SQLite cache file.")] = None,
+    replay: Annotated[bool, typer.Option("--replay", help="Serve only from --cache.")] = False,
+    allow_hosts: Annotated[str, typer.Option("--allow-hosts", help="Comma-separated hosts the SSRF guard lets through.")] = "",
+    reader: Annotated[str, typer.Option("--reader", help="bm25, or a judge SPEC (hf:MODEL, openai:...).")] = "bm25",
+    fmt: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+):
+    """Show what browse_webpage would return for a URL (fetch, guard, extract, read)."""
+    from atomcli import tools_cli
+    tools_cli.browse(url, query=query, search=search, cache=cache, replay=replay, allow_hosts=allow_hosts,
+                     reader=reader, fmt=fmt, context=_context())
+
+
+@app.command("demo-world")
+@guarded
+def demo_world_cmd(
+    out: Annotated[str, typer.Option("--out", "-o", help="Folder for corpus.jsonl, train/test.jsonl, sft.parquet, index.")],
+    seed: Annotated[int, typer.Option("--seed", help="Same seed, same bytes.")] = 0,
+    articles: Annotated[int, typer.Option("--articles", help="Approximate number of encyclopedia articles.")] = 2400,
+    train: Annotated[int, typer.Option("--train", help="Training questions.")] = 400,
+    test: Annotated[int, typer.Option("--test", help="Test questions.")] = 100,
+    sft: Annotated[int, typer.Option("--sft", help="Scripted-expert SFT trajectories.")] = 200,
+):
+    """Write the embedded fictional research world (corpus, questions, SFT set, index)."""
+    from atomcli import demo_world
+    demo_world.main(out, seed=seed, articles=articles, train=train, test=test, sft=sft, context=_context())
+
+
+@app.command("show")
+@guarded
+def show_cmd(
+    table: Annotated[str, typer.Argument(help="Trajectory table.")],
+    row: Annotated[Optional[int], typer.Option("--row", help="Show only this row.")] = None,
+    html: Annotated[Optional[str], typer.Option("--html", help="Write one self-contained HTML page.")] = None,
+):
+    """Render trajectories for a person: turns, tool calls, scored atomic thoughts, rewards."""
+    from atomcli import show
+    show.main(table, row=row, html=html, context=_context())
+
+
+def main():
+    app()
+
+
+if __name__ == "__main__":
+    main()

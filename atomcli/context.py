@@ -1,0 +1,57 @@
+"""The run context handed to every stage: logging to stderr, seeds, and shared resources.
+
+Stages never open paths or read argv; what they need from outside (a model, a search
+backend, a judge) they ask the context for. The context caches what it loads, which is how
+`run-all` loads the policy, the index and the judge once for the whole loop.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+
+
+def atom_home() -> Path:
+    return Path(os.environ.get("ATOM_HOME", Path.home() / ".cache" / "atomcli"))
+
+
+@dataclass
+class Context:
+    console: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    quiet: bool = False
+    home: Path = field(default_factory=atom_home)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def log(self, msg: str) -> None:
+        """Human-readable progress; stderr only (stdout carries data)."""
+        if not self.quiet:
+            self.console.print(msg)
+
+    def cached(self, key: Any, make: Callable[[], Any]) -> Any:
+        """Load something once per context (models, indexes, judges)."""
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def forget(self, key: Any) -> None:
+        self._cache.pop(key, None)
+
+    # Convenience accessors; the heavy lifting lives in the modules named.
+    def model(self, spec: str, **kw):
+        """(model, tokenizer) for a model spec; see atomcli.models."""
+        from atomcli import models
+        return self.cached(("model", spec, tuple(sorted(kw.items()))), lambda: models.load(spec, self, **kw))
+
+    def search(self, spec: str, **kw):
+        """A search backend for a SPEC string; see atomcli.plugins."""
+        from atomcli import plugins
+        return self.cached(("search", spec, tuple(sorted(kw.items()))), lambda: plugins.make_search(spec, self, **kw))
+
+    def judge(self, spec: str, **kw):
+        """A judge for a SPEC string; see atomcli.plugins."""
+        from atomcli import plugins
+        return self.cached(("judge", spec, tuple(sorted(kw.items()))), lambda: plugins.make_judge(spec, self, **kw))

@@ -1,0 +1,170 @@
+"""Reading and writing trajectory tables, and atomic outputs.
+
+Inputs: Parquet or JSONL, from a path or `-` (stdin, buffered in memory because Parquet
+needs to seek). The format is sniffed from the magic bytes, so extensions do not matter.
+Outputs: Parquet (default) or JSONL (`fmt="jsonl"` or a `.jsonl` name), to a path or `-`.
+Every output is written to a temporary file in the target folder and renamed into place,
+so a crash or a bad row never leaves a half-written file under the final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from atomcli import schema
+from atomcli.errors import InputError
+
+PARQUET_MAGIC = b"PAR1"
+
+
+def read_bytes(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    p = Path(path)
+    if not p.exists():
+        raise InputError("file not found", file=path, hint="check the path")
+    if p.is_dir():
+        raise InputError("is a folder, expected a Parquet or JSONL file", file=path)
+    return p.read_bytes()
+
+
+def read_table(path: str, data: bytes | None = None) -> pa.Table:
+    """Read a Parquet or JSONL table; known columns are cast to their contract types."""
+    raw = read_bytes(path) if data is None else data
+    name = "<stdin>" if path == "-" else path
+    if not raw.strip():
+        raise InputError("input is empty", file=name, hint="expected Parquet or JSONL rows")
+    if raw[:4] == PARQUET_MAGIC:
+        try:
+            table = pq.read_table(io.BytesIO(raw))
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"not a readable Parquet file ({str(e).splitlines()[0]})", file=name,
+                             hint="the file may be truncated or corrupted; rewrite it") from None
+    else:
+        table = _read_jsonl(raw, name)
+    return schema.conform(table, name)
+
+
+def _read_jsonl(raw: bytes, name: str) -> pa.Table:
+    rows: list[dict] = []
+    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"line {lineno} is not valid UTF-8 (byte {e.start})", file=name,
+                             row=lineno - 1, hint="re-encode the file as UTF-8") from None
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError as e:
+            hint = "is this a Parquet file that lost its header?" if lineno == 1 and not line.lstrip().startswith(b"{") \
+                else "each line must be one JSON object"
+            raise InputError(f"line {lineno} is not valid JSON ({e.msg})", file=name,
+                             row=lineno - 1, hint=hint) from None
+        if not isinstance(obj, dict):
+            raise InputError(f"line {lineno} is not a JSON object", file=name, row=lineno - 1,
+                             hint="each line must be one JSON object")
+        rows.append(obj)
+    if not rows:
+        raise InputError("input has no rows", file=name, hint="expected JSONL rows")
+    columns: dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            columns.setdefault(k, None)
+    arrays = {}
+    for col in columns:
+        values = [r.get(col) for r in rows]
+        try:
+            arrays[col] = schema.array(col, values)
+        except ValueError as e:
+            row = _first_bad_row(col, values)
+            raise InputError(f"column `{col}` has a value of the wrong type ({e})".replace("\n", " ")[:300],
+                             file=name, row=row, column=col,
+                             hint=f"expected {schema.COLUMNS[col].type}" if col in schema.COLUMNS else None) from None
+    return pa.table(arrays)
+
+
+def _first_bad_row(col: str, values: list) -> int | None:
+    for i, v in enumerate(values):
+        try:
+            schema.array(col, [v])
+        except ValueError:
+            return i
+    return None
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+def out_format(path: str, fmt: str | None) -> str:
+    if fmt:
+        if fmt not in ("parquet", "jsonl"):
+            raise InputError(f"unknown format `{fmt}`", hint="valid: jsonl, parquet")
+        return fmt
+    return "jsonl" if path.endswith((".jsonl", ".json", ".ndjson")) else "parquet"
+
+
+def table_bytes(table: pa.Table, fmt: str) -> bytes:
+    if fmt == "jsonl":
+        opts = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
+        return b"".join(orjson.dumps(r, option=opts) for r in table.to_pylist())
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+def write_table(table: pa.Table, path: str, fmt: str | None = None) -> None:
+    """Write atomically. Serialization happens before anything touches the destination."""
+    data = table_bytes(table, out_format(path, fmt))
+    if path == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    write_bytes_atomic(Path(path), data)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path):
+    """Yield a temporary folder next to `path`; on success it replaces `path` in one rename.
+
+    On any exception the temporary folder is removed and an existing `path` is left intact."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
