@@ -1,0 +1,36 @@
+"""Shared fixtures: offline mode, the tiny random model, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def atom(*args, input: bytes | str | None = None, env: dict | None = None, timeout: float = 600,
+         check: bool = False) -> subprocess.CompletedProcess:
+    """Run `atom ARGS` in a subprocess (the real entry point), returning bytes stdout/stderr."""
+    if isinstance(input, str):
+        input = input.encode()
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "atomcli", *map(str, args)], input=input,
+                          capture_output=True, env=full_env, timeout=timeout, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"atom {' '.join(map(str, args))} exited {proc.returncode}:\n"
+                             f"{proc.stderr.decode(errors='replace')[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 2-layer, hidden-64 random Llama with SmolLM2's tokenizer and chat template."""
+    from atomcli import models
+    return models.make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
