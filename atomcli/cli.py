@@ -53,7 +53,7 @@ def _root(
 def _fail(code: int, msg: str):
     from rich.console import Console
     from rich.markup import escape
-    Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {escape(msg)}")
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(msg)}")
     raise typer.Exit(code)
 
 
@@ -166,9 +166,10 @@ def _table_stage(stage: str):
 
 
 def _rollout_handler(cfg, mod, *, questions: str, out: str, fmt: str | None, resume: bool):
-    from atomcli import plugins, rollout_io
+    from atomcli import plugins
     plugins.check_search_spec(cfg.search)
     table = _read(questions, "rollout")
+    from atomcli import rollout_io
     rollout_io.run_to_file(mod, table, cfg, _context(), out=out, fmt=fmt, resume=resume)
 
 

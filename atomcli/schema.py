@@ -100,7 +100,7 @@ def require(table: pa.Table, stage: str, source: str = "-", columns: Iterable[st
             owner = owner_of(name)
             hint = ("the input must be FlashRAG questions: {\"id\",\"question\",\"golden_answers\"}"
                     if owner == "input" else f"run `atom {owner}` first")
-            raise InputError(f"column `{name}` missing for `atom {stage}`", file=source,
+            raise InputError(f"missing (needed by `atom {stage}`)", file=source,
                              column=name, hint=hint)
         want = COLUMNS[name].type if name in COLUMNS else None
         got = table.schema.field(name).type

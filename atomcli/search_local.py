@@ -1,0 +1,330 @@
+"""The local search engine: building a BM25 index from a corpus, and the `local:INDEX` backend.
+
+Engine: SQLite FTS5 from the standard library (DESIGN.md §7), Porter-stemmed unicode61
+tokens, BM25 with the title weighted above the body. The index is one SQLite file:
+
+- `docs(rowid, id, title, contents, url)`: the documents, stored once; `url` is the
+  corpus's own url when it has one, else the local url `local://doc/<url-quoted id>`;
+- `fts`: an external-content FTS5 table over `docs(title, contents)` (no second copy);
+- `meta(key, value)`: format tag, engine, document count, corpus file name.
+
+`build_index` streams the corpus (JSONL line by line, Parquet batch by batch) so 100k+
+document dumps never sit in memory as Python objects, and writes to a temporary file that is
+renamed into place only when the build succeeded. `LocalIndex` answers any query a model can
+write (it never raises on query text) and reads back whole documents for the urls it made,
+which is how `browse_webpage` reads local results without a web server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+
+from atomcli import __version__, plugins
+from atomcli.errors import InputError, unknown_choice
+
+FORMAT = "atomcli-index-1"
+ENGINES = ("fts5",)
+LOCAL_PREFIX = "local://doc/"
+SNIPPET_TOKENS = 48   # FTS5 allows at most 64; ~40-60 words is what a web snippet shows
+MAX_QUERY_TERMS = 32  # a model can write a page of text as a query; bound the OR clause
+TITLE_WEIGHT, BODY_WEIGHT = 4.0, 1.0
+BATCH = 5000
+
+# Dropped from queries (unless nothing else is left) because an OR over terms that occur in
+# nearly every document makes FTS5 score the whole corpus: slow, and no help to the ranking.
+STOPWORDS = frozenset("""a an and are as at be by did do does for from had has have he her his how i in is it its
+of on or she that the their them they this to was were what when where which who whom whose why will with""".split())
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def local_url(doc_id: str) -> str:
+    return LOCAL_PREFIX + urllib.parse.quote(str(doc_id), safe="")
+
+
+def match_expression(query: str) -> str:
+    """Any text -> a safe FTS5 MATCH expression: every word token quoted, OR-ed together.
+
+    Quoting turns FTS5 syntax (AND, NEAR, *, ^, column filters, stray quotes) into plain
+    words, so the engine never sees an operator the model did not mean. '' = no terms."""
+    words = _WORD.findall(query if isinstance(query, str) else str(query or ""))
+    words = [w for w in words if w.replace("_", "")]  # underscores alone tokenize to nothing
+    keep = [w for w in words if w.lower() not in STOPWORDS] or words
+    seen, terms = set(), []
+    for w in keep:
+        if w.lower() not in seen:
+            seen.add(w.lower())
+            terms.append('"' + w.replace('"', '""') + '"')
+    return " OR ".join(terms[:MAX_QUERY_TERMS])
+
+
+# --- building ------------------------------------------------------------------------------------
+
+def build_index(corpus_path: str, out: str, *, engine: str = "fts5", context=None) -> dict:
+    """Build the index file `out` from a JSONL/Parquet corpus; return build statistics."""
+    if engine not in ENGINES:
+        if engine == "tantivy":
+            raise InputError("engine `tantivy` is not supported by this version of atomcli",
+                             hint="use --engine fts5 (SQLite, built in)")
+        raise unknown_choice("index engine", engine, ENGINES)
+    if out == "-":
+        raise InputError("an index cannot be written to stdout", hint="give --out a file name, e.g. index.sqlite")
+    name = "<stdin>" if corpus_path == "-" else corpus_path
+    log = context.log if context is not None else (lambda m: None)
+    t0 = time.perf_counter()
+    dest = Path(out)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    try:
+        n = _build(_iter_docs(corpus_path, name), tmp, name, log)
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    seconds = time.perf_counter() - t0
+    log(f"[green]indexed[/] {n:,} documents into {out} in {seconds:.1f} s")
+    return {"documents": n, "seconds": seconds, "engine": engine}
+
+
+def _build(docs: Iterator[tuple[int, dict]], path: str, name: str, log) -> int:
+    con = sqlite3.connect(path)
+    try:
+        # A fresh file renamed into place only on success: no journal needed for safety.
+        con.executescript("""
+            PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=MEMORY;
+            CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
+            CREATE TABLE docs(rowid INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, title TEXT NOT NULL,
+                              contents TEXT NOT NULL, url TEXT NOT NULL);
+        """)
+        n, batch, lines = 0, [], []
+        for line, doc in docs:
+            n += 1
+            batch.append((n, doc["id"], doc["title"], doc["contents"], doc["url"]))
+            lines.append(line)
+            if len(batch) >= BATCH:
+                _insert(con, batch, lines, name)
+                batch, lines = [], []
+                if n % 50000 == 0:
+                    log(f"  {n:,} documents read")
+        _insert(con, batch, lines, name)
+        if n == 0:
+            raise InputError("corpus has no documents", file=name,
+                             hint="expected JSONL/Parquet rows with id, title, contents (or text)")
+        con.executescript(f"""
+            CREATE INDEX docs_url ON docs(url);
+            CREATE VIRTUAL TABLE fts USING fts5(title, contents, content='docs', content_rowid='rowid',
+                                                tokenize='porter unicode61 remove_diacritics 2');
+            INSERT INTO fts(fts) VALUES('rebuild');
+            INSERT INTO fts(fts, rank) VALUES('rank', 'bm25({TITLE_WEIGHT}, {BODY_WEIGHT})');
+            INSERT INTO fts(fts) VALUES('optimize');
+        """)
+        # Only the file's base name: the index bytes must not depend on where it was built.
+        con.executemany("INSERT INTO meta VALUES (?, ?)", [
+            ("format", FORMAT), ("engine", "fts5"), ("documents", str(n)),
+            ("corpus", Path(name).name), ("atomcli", __version__)])
+        con.commit()
+        return n
+    finally:
+        con.close()
+
+
+def _insert(con: sqlite3.Connection, batch: list, lines: list, name: str) -> None:
+    if not batch:
+        return
+    try:
+        con.executemany("INSERT INTO docs VALUES (?, ?, ?, ?, ?)", batch)
+    except sqlite3.IntegrityError:
+        # The failing row is the first whose id is already taken by an earlier row.
+        for row, line in zip(batch, lines):
+            if con.execute("SELECT 1 FROM docs WHERE id = ? AND rowid < ?", (row[1], row[0])).fetchone():
+                raise InputError(f"line {line}: duplicate document id `{row[1]}`", file=name, row=line - 1,
+                                 column="id", hint="document ids must be unique") from None
+        raise
+
+
+def _iter_docs(path: str, name: str) -> Iterator[tuple[int, dict]]:
+    """(line number, normalized document) for every corpus row; InputError names the line."""
+    if path == "-":
+        stream = io.BytesIO(sys.stdin.buffer.read())
+    else:
+        p = Path(path)
+        if not p.exists():
+            raise InputError("corpus file not found", file=name, hint="check the path")
+        if p.is_dir():
+            raise InputError("is a folder, expected a JSONL or Parquet corpus", file=name)
+        stream = open(p, "rb")
+    with stream:
+        head = stream.read(4)
+        stream.seek(0)
+        rows = _parquet_rows(stream, name) if head == b"PAR1" else _jsonl_rows(stream, name)
+        for line, row in rows:
+            yield line, _document(row, line, name)
+
+
+def _jsonl_rows(stream, name: str) -> Iterator[tuple[int, dict]]:
+    for lineno, raw in enumerate(stream, start=1):
+        if not raw.strip():
+            continue
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"line {lineno} is not valid UTF-8 (byte {e.start})", file=name,
+                             row=lineno - 1, hint="re-encode the corpus as UTF-8") from None
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise InputError(f"line {lineno} is not valid JSON ({e.msg})", file=name, row=lineno - 1,
+                             hint="each line must be one JSON object") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"line {lineno} is not a JSON object", file=name, row=lineno - 1,
+                             hint="each line must be one JSON object")
+        yield lineno, obj
+
+
+def _parquet_rows(stream, name: str) -> Iterator[tuple[int, dict]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        pf = pq.ParquetFile(stream)
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"not a readable Parquet file ({str(e).splitlines()[0]})", file=name) from None
+    cols = set(pf.schema_arrow.names)
+    for need, alts in (("id", ("id",)), ("contents", ("contents", "text"))):
+        if not cols & set(alts):
+            raise InputError(f"corpus has no `{need}` column", file=name, column=need,
+                             hint="expected columns id, title, contents (or text), optional url")
+    wanted = [c for c in ("id", "title", "contents", "text", "url") if c in cols]
+    line = 0
+    for batch in pf.iter_batches(batch_size=BATCH, columns=wanted):
+        for row in batch.to_pylist():
+            line += 1
+            yield line, row
+
+
+def _document(row: dict, line: int, name: str) -> dict:
+    """Check one corpus row and normalize it to {id, title, contents, url} strings."""
+    doc_id = row.get("id")
+    if doc_id is None or (isinstance(doc_id, str) and not doc_id.strip()):
+        raise InputError(f"line {line} has no `id`", file=name, row=line - 1, column="id",
+                         hint="every document needs an id (and contents or text)")
+    if not isinstance(doc_id, (str, int)) or isinstance(doc_id, bool):
+        raise InputError(f"line {line}: `id` must be a string or an integer", file=name, row=line - 1, column="id")
+    contents = row.get("contents")
+    if contents is None:
+        contents = row.get("text")
+    if not isinstance(contents, str):
+        what = "has no `contents` (or `text`)" if contents is None else "has a non-text `contents`"
+        raise InputError(f"line {line} {what}", file=name, row=line - 1, column="contents",
+                         hint="expected columns id, title, contents (or text), optional url")
+    title = row.get("title")
+    if title is None:
+        title, contents = _split_flashrag(contents)
+    url = row.get("url")
+    doc_id = str(doc_id)
+    return {"id": doc_id, "title": str(title), "contents": contents,
+            "url": url if isinstance(url, str) and url.strip() else local_url(doc_id)}
+
+
+def _split_flashrag(contents: str) -> tuple[str, str]:
+    """FlashRAG / Search-R1 wiki dumps have no title column: the first line is `"Title"`."""
+    first, nl, rest = contents.partition("\n")
+    if nl and len(first) >= 2 and first.startswith('"') and first.endswith('"'):
+        return first[1:-1], rest
+    return "", contents
+
+
+# --- searching -------------------------------------------------------------------------------------
+
+class LocalIndex:
+    """A read-only BM25 index. Thread-safe: each thread gets its own SQLite connection."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.name = f"local:{path}"
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        con = self._con()
+        try:
+            meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.DatabaseError as e:
+            self.close()
+            raise InputError(f"not an atomcli search index ({e})", file=path,
+                             hint="build one with `atom index CORPUS --out INDEX`") from None
+        if meta.get("format") != FORMAT:
+            self.close()
+            raise InputError(f"unsupported index format `{meta.get('format')}`", file=path,
+                             hint="rebuild it with `atom index CORPUS --out INDEX`")
+        self.documents = int(meta.get("documents", 0))
+
+    def _con(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            # immutable=1: no locks and no journal lookups; the index never changes once built
+            uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro&immutable=1"
+            con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            self._local.con = con
+            with self._lock:
+                self._all.append(con)
+        return con
+
+    def search(self, query: str, k: int = 10) -> list[dict]:
+        """Top-k documents by BM25: [{title, url, snippet}]. Never raises on the query text."""
+        expr = match_expression(query)
+        if not expr or k <= 0:
+            return []
+        rows = self._con().execute(
+            f"SELECT d.title, d.url, snippet(fts, 1, '', '', '…', {SNIPPET_TOKENS}) "
+            "FROM fts JOIN docs d ON d.rowid = fts.rowid WHERE fts MATCH ? ORDER BY rank LIMIT ?",
+            (expr, int(k))).fetchall()
+        return [{"title": t, "url": u, "snippet": " ".join(s.split())} for t, u, s in rows]
+
+    def read_local(self, url: str) -> str | None:
+        """The whole document (title, blank line, contents) behind a url this index returned."""
+        if not isinstance(url, str):
+            return None
+        row = self._con().execute("SELECT title, contents FROM docs WHERE url = ? LIMIT 1", (url,)).fetchone()
+        if row is None and url.startswith(LOCAL_PREFIX):  # tolerate an unquoted id
+            doc_id = urllib.parse.unquote(url[len(LOCAL_PREFIX):])
+            row = self._con().execute("SELECT title, contents FROM docs WHERE id = ?", (doc_id,)).fetchone()
+        if row is None:
+            return None
+        title, contents = row
+        return f"{title}\n\n{contents}" if title else contents
+
+    def close(self) -> None:
+        with self._lock:
+            for con in self._all:
+                with contextlib.suppress(sqlite3.Error):
+                    con.close()
+            self._all.clear()
+        self._local = threading.local()
+
+
+@plugins.register_search("local")
+def open_index(arg: str, context=None, **options) -> LocalIndex:
+    """`local:INDEX`: open an index built by `atom index`."""
+    if not arg:
+        raise InputError("search spec `local:` needs an index path", hint="local:PATH_TO_INDEX")
+    p = Path(arg).expanduser()
+    if not p.exists():
+        raise InputError("search index not found", file=arg, hint="build it with `atom index CORPUS --out INDEX`")
+    if p.is_dir():
+        raise InputError("is a folder, expected an index file", file=arg,
+                         hint="for the demo world use DIR/index.sqlite")
+    return LocalIndex(str(p))
