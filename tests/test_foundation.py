@@ -181,5 +181,5 @@ def test_config_file_bad_key_exits_2(tmp_path):
 def test_readme_test_command_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
-    cmd = [line for line in ci.splitlines() if "pytest" in line][0].strip()
+    cmd = [line for line in ci.splitlines() if "pytest" in line and not line.startswith("#")][0].strip()
     assert cmd in readme
