@@ -150,9 +150,8 @@ def _read(path: str, stage: str, columns=None):
 
 
 def _write(table, out: str, fmt: str | None, stage: str, cfg, inherit=None, **prov):
-    from atomcli import schema, tableio
-    table = schema.with_provenance(table, stage, cfg, inherit=inherit, **prov)
-    tableio.write_table(table, out, fmt)
+    from atomcli import tableio
+    tableio.write_stage(table, out, stage, cfg, inherit=inherit, fmt=fmt, **prov)
 
 
 def _table_stage(stage: str):

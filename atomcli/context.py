@@ -40,6 +40,11 @@ class Context:
     def forget(self, key: Any) -> None:
         self._cache.pop(key, None)
 
+    def forget_models(self) -> None:
+        """Drop cached policies (run-all does this when a new checkpoint replaces the old one)."""
+        for key in [k for k in self._cache if isinstance(k, tuple) and k and k[0] == "model"]:
+            del self._cache[key]
+
     # Convenience accessors; the heavy lifting lives in the modules named.
     def model(self, spec: str, **kw):
         """(model, tokenizer) for a model spec; see atomcli.models."""

@@ -168,3 +168,12 @@ def atomic_dir(path: str | Path):
     os.replace(tmp, path)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def write_stage(result: pa.Table, path: str, stage: str, config, *, inherit: pa.Table | None = None,
+                fmt: str | None = None, **prov) -> None:
+    """Append the stage's provenance record and write atomically.
+
+    The single commands and `run-all` both write through here, so their tables match."""
+    table = schema.with_provenance(result, stage, config, inherit=inherit, **prov)
+    write_table(table, path, fmt)

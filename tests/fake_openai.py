@@ -2,7 +2,7 @@
 
 Usage::
 
-    from tests.fake_openai import FakeOpenAI      # or `from fake_openai import FakeOpenAI`
+    from fake_openai import FakeOpenAI            # tests/ is on sys.path under pytest (no __init__.py)
 
     def responder(body, path):                    # body: the parsed request JSON, path: "/v1/chat/completions"
         return '[7, 3]'                           # -> a chat.completion (or text_completion) with that content

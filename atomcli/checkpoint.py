@@ -1,0 +1,142 @@
+"""Checkpoint folders written by `sft` and `grpo-step`, and what later steps read back.
+
+A checkpoint is a plain transformers folder (`save_pretrained` model + tokenizer) that any
+stage or tool loads as is, plus:
+
+- `atom_state.json`: the stage that wrote it, the GRPO step counter, the run's reference
+  checkpoint (later `grpo-step` calls default `--ref` to it, so the KL term always pulls
+  towards where the run started), the LoRA base when an adapter is trained, the config,
+  and the chain of stages that led here;
+- `optimizer.pt`: the AdamW state dict, so consecutive `grpo-step` calls continue one
+  optimizer trajectory (moments and bias-correction step included);
+- `metrics.json`: what the stage measured (loss, KL, clip fraction, time...);
+- `adapter/` (LoRA runs only): the peft adapter. The top-level weights are then the
+  adapter merged into its base (computed out of place), so rollout and eval need no peft,
+  while the next `grpo-step --lora` reloads base + adapter and keeps training the adapter.
+
+Everything is written into a temporary folder and renamed into place (tableio.atomic_dir).
+Under torch.distributed only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atomcli import __version__
+from atomcli.errors import InputError
+
+STATE_FILE = "atom_state.json"
+METRICS_FILE = "metrics.json"
+OPTIMIZER_FILE = "optimizer.pt"
+ADAPTER_DIR = "adapter"
+
+
+@dataclass
+class TrainResult:
+    """What a training stage hands to `save`."""
+    model: Any                       # transformers model, or a peft model when `lora`
+    tokenizer: Any
+    step: int                        # GRPO updates of this run so far (0 after sft)
+    metrics: dict
+    base: str                        # the checkpoint training started from (spec or path)
+    lora: bool = False               # `model` is a peft model whose adapter is saved separately
+    lora_base: str | None = None     # the checkpoint the adapter applies to
+    optimizer_state: dict | None = None
+    ref: str | None = None           # the run's reference checkpoint for the KL term
+    extra: dict = field(default_factory=dict)  # more fields for atom_state.json
+
+
+def spec_id(spec: str) -> str:
+    """A model spec as it should be remembered: the demo name, or an absolute folder path."""
+    from atomcli.models import DEMO_MODEL
+    p = Path(spec).expanduser()
+    return spec if spec == DEMO_MODEL or not p.is_dir() else str(p.resolve())
+
+
+def read_state(spec: str) -> dict:
+    """The atom_state.json of a checkpoint folder ({} for other models)."""
+    p = Path(spec).expanduser() / STATE_FILE
+    if not p.is_file():
+        return {}
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise InputError(f"unreadable {STATE_FILE} ({e})", file=str(p),
+                         hint="the checkpoint is damaged; rewrite it or delete the file") from None
+
+
+def read_optimizer_state(spec: str) -> dict | None:
+    import torch
+    p = Path(spec).expanduser() / OPTIMIZER_FILE
+    return torch.load(p, map_location="cpu", weights_only=True) if p.is_file() else None
+
+
+def adapter_dir(spec: str) -> Path:
+    return Path(spec).expanduser() / ADAPTER_DIR
+
+
+def _is_writer() -> bool:
+    import torch.distributed as dist
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def save(result: TrainResult, out: str, *, stage: str, config: Any = None, context=None) -> None:
+    """Write the checkpoint folder `out` atomically (rank 0 only)."""
+    import torch
+
+    from atomcli import schema
+    from atomcli.tableio import atomic_dir
+
+    if not _is_writer():
+        return
+    parent = read_state(result.base)
+    state = {
+        "format": 1,
+        "stage": stage,
+        "version": __version__,
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "step": result.step,
+        "base": result.base,
+        "ref": result.ref,
+        "lora": result.lora,
+        "lora_base": result.lora_base,
+        "optimizer": result.optimizer_state is not None,
+        "config": schema._jsonable(config),
+        **result.extra,
+        # the chain of stages that produced this checkpoint, oldest first
+        "history": parent.get("history", []) + [{"stage": stage, "step": result.step, "from": result.base}],
+    }
+    with atomic_dir(out) as tmp:
+        if result.lora:
+            result.model.save_pretrained(tmp / ADAPTER_DIR)
+            lm = result.model.get_base_model()
+            lm.save_pretrained(tmp, state_dict=merged_state_dict(result.model))
+        else:
+            result.model.save_pretrained(tmp)
+        result.tokenizer.save_pretrained(tmp)
+        if result.optimizer_state is not None:
+            torch.save(result.optimizer_state, tmp / OPTIMIZER_FILE)
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+        (tmp / METRICS_FILE).write_text(json.dumps(schema._jsonable(result.metrics), indent=1) + "\n",
+                                        encoding="utf-8")
+
+
+def merged_state_dict(peft_model) -> dict:
+    """The base model's state dict with every LoRA delta added, computed without touching the model."""
+    import torch
+    lm = peft_model.get_base_model()
+    sd = {}
+    for name, tensor in lm.state_dict().items():
+        if ".lora_" in name:
+            continue
+        sd[name.replace(".base_layer.", ".")] = tensor
+    with torch.no_grad():
+        for name, mod in lm.named_modules():
+            if hasattr(mod, "get_delta_weight") and hasattr(mod, "base_layer"):
+                delta = sum(mod.get_delta_weight(a) for a in mod.active_adapters if a in mod.lora_A)
+                sd[f"{name}.weight"] = mod.base_layer.weight + delta
+    return sd

@@ -1,0 +1,157 @@
+"""The files of `atom eval`: read the input, write the JSON / Markdown reports and the history.
+
+`evaluate.run` computes the report; this module owns everything around it. The JSON report
+is written atomically (`-` = stdout, data only), the people-facing table goes to stderr,
+`--markdown` writes the same table as Markdown, and `--history` appends one compact JSON
+line per run so that cron jobs build a time series with nothing but `>>` semantics.
+Bad input fails before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import orjson
+
+from atomcli import plugins, tableio
+from atomcli.errors import InputError
+
+PERCENT = ("f1", "em", "cover_em", "best_f1", "judge_accuracy", "format_error_rate")
+# (report key, column title); rates are shown as percentages like the papers' tables.
+COLUMNS = [("n", "n"), ("f1", "F1"), ("em", "EM"), ("cover_em", "cover-EM"), ("best_f1", "best F1"),
+           ("judge_accuracy", "judge"), ("format_error_rate", "format err"), ("mean_turns", "turns"),
+           ("searches_per_question", "searches"), ("browses_per_question", "browses"),
+           ("tokens_per_question", "tokens")]
+
+
+def run_to_files(mod, input_path: str, cfg, ctx, *, out: str, markdown: str | None = None,
+                 history: str | None = None) -> dict:
+    """Read INPUT, evaluate, write the reports; returns the report."""
+    if out == "-" and markdown == "-":
+        raise InputError("--out and --markdown cannot both be `-` (stdout)", hint="give one of them a file name")
+    if cfg.judge:  # unknown names fail before any data or model loads
+        plugins.check_judge_spec(cfg.judge)
+    name = "<stdin>" if input_path == "-" else input_path
+    table = tableio.read_table(input_path)
+    if cfg.model and "answer" not in table.column_names:
+        plugins.check_search_spec(cfg.search)
+    try:
+        report = mod.run(table, cfg, ctx)
+    except InputError as e:
+        raise e.located(file=name) from None
+    report = {"input": name, **report}
+
+    _emit(out, to_json(report))
+    if markdown:
+        _emit(markdown, to_markdown(report).encode())
+    if history:
+        append_history(Path(history), report)
+    if not ctx.quiet:
+        ctx.console.print(rich_table(report))
+    for path in (out, markdown, history):
+        if path and path != "-":
+            ctx.log(f"[green]wrote[/] {path}")
+    return report
+
+
+def to_json(report: dict) -> bytes:
+    return orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+
+
+def history_record(report: dict) -> dict:
+    """The compact line appended per run: when, what, which model, the overall numbers."""
+    return {"time": report.get("time"), "input": report.get("input"), "model": report.get("model"),
+            "f1_variant": report.get("f1_variant"), "judge": (report.get("config") or {}).get("judge") or None,
+            "n": report.get("n"), "overall": report.get("overall"),
+            "f1_by_source": {src: m.get("f1") for src, m in (report.get("by_source") or {}).items()}}
+
+
+def append_history(path: Path, report: dict) -> None:
+    """Append one line with a single write(2) on an O_APPEND descriptor, so concurrent cron
+    jobs interleave whole lines, never fragments."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = orjson.dumps(history_record(report), option=orjson.OPT_APPEND_NEWLINE)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def _emit(path: str, data: bytes) -> None:
+    """Write atomically, or to stdout for `-`."""
+    if path == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    else:
+        tableio.write_bytes_atomic(Path(path), data)
+
+
+# --- people-facing renderings -----------------------------------------------------------------
+
+def _visible_columns(report: dict) -> list[tuple[str, str]]:
+    overall = report["overall"]
+    cols = []
+    for key, title in COLUMNS:
+        if key == "best_f1" and overall.get("samples_per_question", 1) <= 1:
+            continue  # identical to F1 with one sample per question
+        if key != "n" and overall.get(key) is None:
+            continue  # column absent from the input (or no judge)
+        cols.append((key, title))
+    return cols
+
+
+def fmt(key: str, value) -> str:
+    if value is None:
+        return "-"
+    if key in PERCENT:
+        return f"{100 * value:.1f}"
+    if key in ("n", "tokens_per_question"):
+        return f"{value:.0f}"
+    return f"{value:.2f}"
+
+
+def _rows(report: dict) -> list[tuple[str, dict]]:
+    return list(report["by_source"].items()) + [("overall", report["overall"])]
+
+
+def rich_table(report: dict):
+    from rich.table import Table
+
+    cols = _visible_columns(report)
+    title = f"eval: {report.get('input', '')}" + (f"  model {report['model']}" if report.get("model") else "")
+    table = Table(title=title, caption="F1/EM/cover-EM/judge/format err in %; per question: turns, calls, tokens")
+    table.add_column("data_source")
+    for _, t in cols:
+        table.add_column(t, justify="right")
+    rows = _rows(report)
+    for i, (src, m) in enumerate(rows):
+        table.add_row(src, *(fmt(k, m.get(k)) for k, _ in cols), style="bold" if i == len(rows) - 1 else None,
+                      end_section=i == len(rows) - 2)
+    return table
+
+
+def to_markdown(report: dict) -> str:
+    cols = _visible_columns(report)
+    cfg = report.get("config") or {}
+    lines = ["# atom eval report", "",
+             f"- input: `{report.get('input')}`",
+             f"- model: `{report.get('model')}`",
+             f"- time: {report.get('time')}",
+             f"- questions: {report.get('n')}, trajectories: {report.get('n_trajectories')}",
+             f"- F1 variant: {report.get('f1_variant')}" + (f"; judge: `{cfg['judge']}`" if cfg.get("judge") else ""),
+             "",
+             "| data_source | " + " | ".join(t for _, t in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for src, m in _rows(report):
+        name = f"**{src}**" if src == "overall" else src.replace("|", "\\|")
+        lines.append(f"| {name} | " + " | ".join(fmt(k, m.get(k)) for k, _ in cols) + " |")
+    lines += ["", "F1, EM, cover-EM, best F1 (max over a question's samples), judge accuracy and the format-error "
+                  "rate are percentages; a question's value is the mean over its samples, a row's the mean over "
+                  "its questions. Turns, searches, browses and tokens are per question."]
+    judge_errors = report["overall"].get("judge_errors")
+    if judge_errors:
+        lines.append(f"\nThe judge gave no verdict for {judge_errors} answer(s); they are left out of judge accuracy.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,289 @@
+"""`atom run-all`: the whole recipe in one process, writing what the piped chain would write.
+
+SFT, then N steps of rollout -> score-rrm -> aggregate-reward (T = step, T_MAX = N) ->
+grpo-step, with evals before training, after SFT, every K steps and at the end. It calls the
+same stage functions as the single commands (and writes through the same `write_stage`),
+so every table under RUN_DIR equals the one the piped chain makes with the same seeds.
+
+Layout of RUN_DIR:
+    world/                      demo world (with --demo)
+    sft/                        SFT checkpoint
+    steps/0001/{questions,rollouts,scored,rewarded}.parquet, steps/0001/ckpt/
+    eval/{base,sft,step-0003}.{parquet,json}
+    metrics.jsonl, evals.jsonl, plots/*.png, summary.md, config.json
+
+Resume: every output is written atomically, so a file that exists is complete; a step is
+complete when its checkpoint exists. `--resume` skips what exists and redoes the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from atomcli import config as cfgmod
+from atomcli.config import opt
+from atomcli.errors import InputError
+
+
+@dataclass
+class RunAllConfig:
+    model: str = opt("smollm2", "starting policy")
+    train: str = opt("", "training questions (FlashRAG JSONL/Parquet)")
+    test: str = opt("", "test questions for evals")
+    sft_data: str = opt("", "SFT trajectories; empty = skip SFT")
+    search: str = opt("", "search SPEC for rollouts and evals")
+    judge: str = opt("heuristic", "RRM judge SPEC")
+    steps: int = opt(3, "GRPO steps N")
+    questions_per_step: int = opt(8, "training questions per step (times the group size = trajectories)")
+    eval_every: int = opt(0, "eval every K steps (0 = only before training, after SFT and at the end)")
+    eval_limit: int = opt(32, "test questions per eval (0 = all)")
+    eval_base: bool = opt(True, "evaluate the starting model before training")
+    seed: int = opt(0, "seed for every stage")
+
+
+# Presets are data: stage sections as a TOML file would give them.
+DEMO = {
+    "run-all": {"steps": 3, "questions_per_step": 8, "eval_limit": 40, "judge": "heuristic"},
+    "sft": {"epochs": 2.0, "lr": 2e-4, "batch_size": 4, "max_length": 1536},
+    "rollout": {"group_size": 4, "max_turns": 4, "max_new_tokens": 160, "k": 3, "temperature": 1.0,
+                "batch_size": 32, "date": "2026-01-01"},
+    "aggregate-reward": {},
+    "grpo-step": {"lr": 1e-5, "beta": 0.0, "micro_batch": 4},
+    "eval": {"max_turns": 4, "max_new_tokens": 160},
+}
+QUICK = {
+    "run-all": {"steps": 2, "questions_per_step": 2, "eval_limit": 4, "judge": "heuristic"},
+    "sft": {"epochs": 1.0, "lr": 1e-3, "batch_size": 2, "max_length": 1024},
+    "rollout": {"group_size": 2, "max_turns": 2, "max_new_tokens": 16, "k": 2, "batch_size": 8,
+                "date": "2026-01-01"},
+    "aggregate-reward": {},
+    "grpo-step": {"lr": 1e-4, "beta": 0.0, "micro_batch": 2},
+    "eval": {"max_turns": 2, "max_new_tokens": 16},
+}
+QUICK_WORLD = {"articles": 120, "train": 12, "test": 4, "sft": 6}
+
+
+def _merge(*layers: dict) -> dict:
+    out: dict = {}
+    for layer in layers:
+        for sec, vals in layer.items():
+            if isinstance(vals, dict):
+                out.setdefault(sec, {}).update(vals)
+            else:
+                out[sec] = vals
+    return out
+
+
+class Run:
+    """One run folder: paths, stage configs and the shared context."""
+
+    def __init__(self, out: Path, settings: dict, context):
+        from atomcli.aggregate_reward import AggregateConfig
+        from atomcli.evaluate import EvalConfig
+        from atomcli.grpo_step import GRPOConfig
+        from atomcli.rollout import RolloutConfig
+        from atomcli.score_rrm import ScoreConfig
+        from atomcli.sft import SFTConfig
+
+        self.out, self.ctx = out, context
+        sec = lambda name: cfgmod.section(settings, name)  # noqa: E731
+        self.cfg = cfgmod.build(RunAllConfig, sec("run-all"), source="[run-all]")
+        self.sft = cfgmod.build(SFTConfig, {**sec("sft"), "model": self.cfg.model, "seed": self.cfg.seed}, source="[sft]")
+        self.rollout = cfgmod.build(RolloutConfig, {**sec("rollout"), "search": self.cfg.search, "seed": self.cfg.seed},
+                                    source="[rollout]")
+        self.score = cfgmod.build(ScoreConfig, {**sec("score-rrm"), "judge": self.cfg.judge}, source="[score-rrm]")
+        self.aggregate = cfgmod.build(AggregateConfig, sec("aggregate-reward"), source="[aggregate-reward]")
+        self.grpo = cfgmod.build(GRPOConfig, {**sec("grpo-step"), "seed": self.cfg.seed}, source="[grpo-step]")
+        self.eval = cfgmod.build(EvalConfig, {**sec("eval"), "search": self.cfg.search, "seed": self.cfg.seed},
+                                 source="[eval]")
+        for name, val in (("train", self.cfg.train), ("test", self.cfg.test), ("search", self.cfg.search)):
+            if not val:
+                raise InputError(f"run-all needs `{name}`", hint="set it in the [run-all] section of --config, or use --demo")
+        from atomcli import plugins
+        plugins.check_search_spec(self.cfg.search)
+        plugins.check_judge_spec(self.cfg.judge)
+        self.t0 = time.time()
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def log(self, msg: str):
+        el = time.time() - self.t0
+        self.ctx.log(f"[dim]{el / 60:5.1f} min[/] {msg}")
+
+    def step_dir(self, t: int) -> Path:
+        return self.out / "steps" / f"{t + 1:04d}"
+
+    def read(self, path: Path, stage: str | None = None):
+        from atomcli import schema, tableio
+        table = tableio.read_table(str(path))
+        if stage:
+            schema.require(table, stage, str(path))
+        return table
+
+    def table_stage(self, stage: str, mod, cfg, inp: Path, out: Path):
+        """Read, run and write one table stage, skipping it when its output exists (resume)."""
+        from atomcli import tableio
+        if out.exists():
+            return
+        self.log(f"{stage} -> {out.relative_to(self.out)}")
+        table = self.read(inp, stage)
+        tableio.write_stage(mod.run(table, cfg, self.ctx), str(out), stage, cfg, inherit=table)
+
+    def rollout_stage(self, cfg, inp: Path, out: Path):
+        from atomcli import rollout, rollout_io
+        if out.exists():
+            return
+        self.log(f"rollout ({cfg.model}) -> {out.relative_to(self.out)}")
+        table = self.read(inp, "rollout")
+        rollout_io.run_to_file(rollout, table, cfg, self.ctx, out=str(out), fmt=None, resume=True)
+
+    def train_stage(self, stage: str, mod, cfg, inp: Path, out: Path):
+        from atomcli import checkpoint
+        if (out / "config.json").exists():
+            return
+        self.log(f"{stage} ({cfg.model}) -> {out.relative_to(self.out)}")
+        table = self.read(inp, stage)
+        result = mod.run(table, cfg, self.ctx)
+        checkpoint.save(result, str(out), stage=stage, config=cfg, context=self.ctx)
+        self.ctx.forget_models()
+
+    def evaluate(self, name: str, model: str) -> dict:
+        """Greedy rollout of the test questions, then scores; cached as eval/<name>.json."""
+        from atomcli import evaluate, tableio
+        report_path = self.out / "eval" / f"{name}.json"
+        if report_path.exists():
+            return json.loads(report_path.read_text())
+        questions = self.out / "eval" / "questions.parquet"
+        rcfg = dataclasses.replace(self.rollout, model=model, group_size=1, temperature=0.0,
+                                   max_turns=self.eval.max_turns, max_new_tokens=self.eval.max_new_tokens)
+        table_path = self.out / "eval" / f"{name}.parquet"
+        self.rollout_stage(rcfg, questions, table_path)
+        report = evaluate.score_table(self.read(table_path), self.eval.f1)
+        report.update({"name": name, "model": model})
+        tableio.write_bytes_atomic(report_path, json.dumps(report, indent=2).encode())
+        self.log(f"eval {name}: F1 {report['overall']['f1']:.3f}  EM {report['overall']['em']:.3f}")
+        return report
+
+
+def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context) -> dict:
+    """Settings for this run: preset < config file; with --demo, build the world and model."""
+    settings = _merge(DEMO if demo and not quick else {}, QUICK if quick else {}, cfgmod.load_file(config_file))
+    if quick and not demo:
+        raise InputError("--quick only applies with --demo")
+    if demo:
+        from atomcli import demo_world, models
+        world = out / "world"
+        if not (world / "index.sqlite").exists():
+            context.log("building the demo world...")
+            demo_world.main(str(world), seed=0, context=context, **(QUICK_WORLD if quick else {}))
+        ra = settings.setdefault("run-all", {})
+        ra.setdefault("train", str(world / "train.jsonl"))
+        ra.setdefault("test", str(world / "test.jsonl"))
+        ra.setdefault("sft_data", str(world / "sft.parquet"))
+        ra.setdefault("search", f"local:{world / 'index.sqlite'}")
+        if quick and "model" not in ra:
+            tiny = out / "tiny-model"
+            if not (tiny / "config.json").exists():
+                from atomcli.tableio import atomic_dir
+                with atomic_dir(tiny) as tmp:
+                    models.make_tiny_model(tmp)
+            ra["model"] = str(tiny)
+    return settings
+
+
+def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: bool, context) -> None:
+    from atomcli import aggregate_reward, grpo_step, score_rrm, sft, tableio
+    run_dir = Path(out)
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+        raise InputError("run folder exists and is not empty", file=out, hint="pass --resume to continue it, or a new --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    settings = prepare(run_dir, demo, quick, config_file, context)
+    run = Run(run_dir, settings, context)
+    cfg = run.cfg
+    tableio.write_bytes_atomic(run_dir / "config.json", json.dumps(settings, indent=2).encode())
+
+    # questions: the training set cycles through steps; evals use a fixed slice of the test set
+    train = run.read(Path(cfg.train), "rollout")
+    test = run.read(Path(cfg.test), "rollout")
+    if cfg.eval_limit:
+        test = test.slice(0, cfg.eval_limit)
+    if not (run_dir / "eval" / "questions.parquet").exists():
+        tableio.write_table(test, str(run_dir / "eval" / "questions.parquet"))
+
+    model = cfg.model
+    if cfg.eval_base:
+        run.evaluate("base", model)
+    if cfg.sft_data:
+        run.train_stage("sft", sft, run.sft, Path(cfg.sft_data), run_dir / "sft")
+        model = str(run_dir / "sft")
+        run.evaluate("sft", model)
+    start = model
+
+    for t in range(cfg.steps):
+        d = run.step_dir(t)
+        ckpt = d / "ckpt"
+        if not (d / "metrics.json").exists():
+            q = cfg.questions_per_step
+            idx = [(t * q + i) % train.num_rows for i in range(q)]
+            if not (d / "questions.parquet").exists():
+                tableio.write_table(train.take(idx), str(d / "questions.parquet"))
+            run.log(f"[bold]step {t + 1}/{cfg.steps}[/]")
+            run.rollout_stage(dataclasses.replace(run.rollout, model=model, seed=cfg.seed + t),
+                              d / "questions.parquet", d / "rollouts.parquet")
+            run.table_stage("score-rrm", score_rrm, run.score, d / "rollouts.parquet", d / "scored.parquet")
+            run.table_stage("aggregate-reward", aggregate_reward,
+                            dataclasses.replace(run.aggregate, step=t, total_steps=cfg.steps),
+                            d / "scored.parquet", d / "rewarded.parquet")
+            run.train_stage("grpo-step", grpo_step,
+                            dataclasses.replace(run.grpo, model=model, ref=run.grpo.ref or start),
+                            d / "rewarded.parquet", ckpt)
+            _log_metrics(run, t, d)
+        model = str(ckpt)
+        if cfg.eval_every and (t + 1) % cfg.eval_every == 0 and t + 1 < cfg.steps:
+            run.evaluate(f"step-{t + 1:04d}", model)
+    if cfg.steps:
+        run.evaluate(f"step-{cfg.steps:04d}", model)
+
+    from atomcli import run_report
+    run_report.write(run_dir, context)
+    run.log(f"[green]done[/]: {run_dir}/summary.md")
+
+
+def _log_metrics(run: Run, t: int, d: Path) -> None:
+    """One line of metrics.jsonl per step, from the step's tables and checkpoint."""
+    import math
+    rewarded = run.read(d / "rewarded.parquet").to_pydict()
+    ckpt_metrics = {}
+    mfile = d / "ckpt" / "metrics.json"
+    if mfile.exists():
+        ckpt_metrics = json.loads(mfile.read_text())
+
+    def mean(xs):
+        xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+        return sum(xs) / len(xs) if xs else None
+
+    rewards = rewarded["reward"]
+    m = mean(rewards)
+    line = {
+        "step": t + 1, "alpha": rewarded["alpha"][0], "reward_mean": m,
+        "reward_std": (sum((r - m) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else None,
+        "f1": mean(rewarded["f1"]), "atr": mean(rewarded["atr"]),
+        "format_error": mean([0.0 if ok else 1.0 for ok in rewarded["format_ok"]]),
+        "searches": mean(rewarded["n_search"]), "turns": mean(rewarded["n_turns"]),
+        "judge_errors": sum(e is not None for e in rewarded["rrm_error"]),
+        "time_min": (time.time() - run.t0) / 60,
+    }
+    for k in ("loss", "kl", "clip_frac", "clip_fraction", "entropy", "grad_norm", "tokens_per_s"):
+        if k in ckpt_metrics:
+            line[k] = ckpt_metrics[k]
+    from atomcli import tableio
+    tableio.write_bytes_atomic(d / "metrics.json", json.dumps(line).encode())
+    # metrics.jsonl is rebuilt from the step folders, so a kill between writes never loses a line
+    lines = [json.loads(p.read_text()) for p in sorted((run.out / "steps").glob("*/metrics.json"))]
+    tableio.write_bytes_atomic(run.out / "metrics.jsonl", b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+    run.log(f"step {t + 1}: reward {line['reward_mean']:.3f}  f1 {line['f1']:.3f}  "
+            f"atr {line['atr'] if line['atr'] is None else round(line['atr'], 3)}  alpha {line['alpha']:.3f}")

@@ -1,0 +1,128 @@
+"""Per-token log-probabilities (and entropies) of chosen tokens, without the full logits.
+
+A causal LM's `(tokens, vocab)` logits are the largest tensor of a policy-gradient step
+(SmolLM2: 49k entries per token, four copies live in a naive log_softmax backward). Only
+the positions that enter the loss matter, so `sequence_logprobs` runs the model's backbone,
+gathers the hidden states that predict the scored tokens, and `ChunkedTokenLogProb` projects
+them through the LM head a few rows at a time, recomputing each chunk in the backward pass
+with the analytic gradient. Peak memory is one chunk of logits instead of the whole batch.
+
+Models whose head rescales logits (logit_scale, soft-capping) take the plain path through
+the model's own forward, which is exact but materializes the logits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CHUNK_ELEMENTS = 1 << 23  # logits entries per chunk (32 MB in fp32)
+
+
+def _chunk_rows(vocab: int) -> int:
+    return max(16, CHUNK_ELEMENTS // max(vocab, 1))
+
+
+def _autograd_function():
+    import torch
+
+    class ChunkedTokenLogProb(torch.autograd.Function):
+        """log p(target) and entropy of softmax(hidden @ weight.T + bias) / temperature, per row."""
+
+        @staticmethod
+        def forward(ctx, hidden, weight, bias, targets, inv_temp: float):
+            n, rows = hidden.shape[0], _chunk_rows(weight.shape[0])
+            dt = torch.promote_types(hidden.dtype, torch.float32)
+            logp, ent, log_z = (hidden.new_empty(n, dtype=dt) for _ in range(3))
+            for s in range(0, n, rows):
+                z = _logits(hidden[s:s + rows], weight, bias, inv_temp)
+                lz = torch.logsumexp(z, dim=-1)
+                logp[s:s + rows] = z.gather(-1, targets[s:s + rows, None]).squeeze(-1) - lz
+                # entropy = log Z - sum_v p_v z_v
+                ent[s:s + rows] = lz - (torch.softmax(z, dim=-1) * z).sum(-1)
+                log_z[s:s + rows] = lz
+            ctx.save_for_backward(hidden, weight, bias, targets, log_z, ent)
+            ctx.inv_temp = inv_temp
+            return logp, ent
+
+        @staticmethod
+        def backward(ctx, g_logp, g_ent):
+            hidden, weight, bias, targets, log_z, ent = ctx.saved_tensors
+            inv_temp = ctx.inv_temp
+            need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            need_b = bias is not None and ctx.needs_input_grad[2]
+            grad_h = torch.zeros_like(hidden) if need_h else None
+            acc = torch.promote_types(weight.dtype, torch.float32)  # accumulate head gradients in fp32 at least
+            grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+            grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+            rows = _chunk_rows(weight.shape[0])
+            for s in range(0, hidden.shape[0], rows):
+                h = hidden[s:s + rows]
+                z = _logits(h, weight, bias, inv_temp)
+                log_p = z - log_z[s:s + rows, None]
+                p = log_p.exp()
+                gz = torch.zeros_like(z)
+                if g_logp is not None:
+                    g = g_logp[s:s + rows].to(z.dtype)
+                    # d log p_t / dz = onehot(t) - p
+                    gz -= g[:, None] * p
+                    gz.scatter_add_(-1, targets[s:s + rows, None], g[:, None])
+                if g_ent is not None:
+                    # d H / dz = -p * (log p + H)
+                    gz -= g_ent[s:s + rows].to(z.dtype)[:, None] * p * (log_p + ent[s:s + rows, None])
+                gz = gz.mul_(inv_temp).to(weight.dtype)
+                if need_h:
+                    grad_h[s:s + rows] = gz @ weight
+                if need_w:
+                    grad_w.addmm_(gz.t().to(acc), h.to(acc))
+                if need_b:
+                    grad_b += gz.sum(0).to(acc)
+            return (grad_h, grad_w.to(weight.dtype) if need_w else None,
+                    grad_b.to(bias.dtype) if need_b else None, None, None)
+
+    return ChunkedTokenLogProb
+
+
+def _logits(h, weight, bias, inv_temp):
+    import torch
+    z = torch.nn.functional.linear(h, weight, bias)
+    if z.dtype in (torch.float16, torch.bfloat16):  # softmax statistics in fp32 at least
+        z = z.float()
+    return z * inv_temp if inv_temp != 1.0 else z
+
+
+_FUNCTION: Any = None
+
+
+def token_logprobs(hidden, weight, bias, targets, temperature: float = 1.0):
+    """(log p(target), entropy) for each row of `hidden` ([n, H]) through the head `weight` ([V, H])."""
+    global _FUNCTION
+    if _FUNCTION is None:
+        _FUNCTION = _autograd_function()
+    return _FUNCTION.apply(hidden, weight, bias, targets, 1.0 / temperature)
+
+
+def causal_lm(model):
+    """The transformers causal LM inside a (possibly peft-wrapped) model."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _plain_head(lm) -> bool:
+    cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+    scale = getattr(cfg, "logit_scale", None)
+    return getattr(cfg, "final_logit_softcapping", None) is None and scale in (None, 1.0)
+
+
+def sequence_logprobs(model, input_ids, attention_mask, rows, cols, targets, temperature: float = 1.0):
+    """Log-prob and entropy of `targets[k]` predicted at position `cols[k]` of sequence `rows[k]`.
+
+    `input_ids`/`attention_mask`: [B, L], right-padded. Returns two float32 tensors of shape [n]."""
+    import torch
+    lm = causal_lm(model)
+    head = lm.get_output_embeddings()
+    if _plain_head(lm):
+        hidden = lm.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return token_logprobs(hidden[rows, cols], head.weight, head.bias, targets, temperature)
+    logits = lm(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[rows, cols].float()
+    logp_all = torch.log_softmax(logits / temperature, dim=-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp_all.gather(-1, targets[:, None]).squeeze(-1), ent

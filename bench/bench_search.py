@@ -1,0 +1,111 @@
+"""Benchmark the local search engine: index build time and query latency at 10k and 100k documents.
+
+Documents are ~50 words drawn Zipf-like from a synthetic 30k-word vocabulary (a rough stand-in
+for encyclopedia text); queries are 2-6 words taken from random documents plus a few
+question words, the shape of what an agent writes. Prints, per corpus size: build seconds
+(JSONL on disk -> index file, everything `atom index` does) and the median / p95 query
+latency over the queries. When `bm25s` is installed the same corpus and queries run through
+it too and the ratios are printed; when it is not, that side is skipped with a note.
+
+    .venv/bin/python bench/bench_search.py [--sizes 10000,100000] [--queries 300] [--k 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from atomcli import search_local
+
+
+def make_corpus(path: Path, n: int, rng: random.Random, vocab: list[str], weights: list[float]) -> list[list[str]]:
+    docs = []
+    with open(path, "wb") as f:
+        for i in range(n):
+            words = rng.choices(vocab, weights, k=rng.randint(40, 60))
+            docs.append(words)
+            f.write(orjson.dumps({"id": f"d{i}", "title": " ".join(words[:3]).title(),
+                                  "contents": " ".join(words)}) + b"\n")
+    return docs
+
+
+def make_queries(docs: list[list[str]], m: int, rng: random.Random) -> list[str]:
+    lead = ["who", "what is", "when was", "where is the", ""]
+    return [f"{rng.choice(lead)} {' '.join(rng.sample(d, rng.randint(2, 6)))}".strip()
+            for d in rng.sample(docs, min(m, len(docs)))]
+
+
+def time_queries(fn, queries: list[str]) -> list[float]:
+    fn(queries[0])  # warm caches once, as a running rollout would be
+    out = []
+    for q in queries:
+        t0 = time.perf_counter()
+        fn(q)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def bench_bm25s(docs: list[list[str]], queries: list[str], k: int) -> tuple[float, list[float]]:
+    import bm25s
+    t0 = time.perf_counter()
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize([" ".join(d) for d in docs], show_progress=False), show_progress=False)
+    build = time.perf_counter() - t0
+    lat = time_queries(lambda q: retriever.retrieve(bm25s.tokenize([q], show_progress=False), k=k,
+                                                    show_progress=False), queries)
+    return build, lat
+
+
+def ms(xs: list[float], q: float = 0.5) -> float:
+    xs = sorted(xs)
+    return 1000 * xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    vocab = sorted({"".join(rng.choice("bcdfghklmnprstvz") + rng.choice("aeiou") for _ in range(rng.randint(2, 4)))
+                    for _ in range(30000)})
+    weights = [1 / (r + 10) for r in range(len(vocab))]
+    have_bm25s = importlib.util.find_spec("bm25s") is not None
+    if not have_bm25s:
+        print("bm25s is not installed: FTS5 only (pip install bm25s to compare)", file=sys.stderr)
+    print(f"{'docs':>8} {'engine':>6} {'build s':>8} {'query p50 ms':>13} {'p95 ms':>7} {'index MB':>9}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(s) for s in args.sizes.split(",")):
+            corpus, index = Path(tmp) / f"c{n}.jsonl", Path(tmp) / f"i{n}.sqlite"
+            docs = make_corpus(corpus, n, rng, vocab, weights)
+            queries = make_queries(docs, args.queries, rng)
+            t0 = time.perf_counter()
+            search_local.build_index(str(corpus), str(index))
+            build = time.perf_counter() - t0
+            ix = search_local.open_index(str(index))
+            lat = time_queries(lambda q: ix.search(q, args.k), queries)
+            ix.close()
+            print(f"{n:>8} {'fts5':>6} {build:>8.2f} {ms(lat):>13.2f} {ms(lat, .95):>7.2f} "
+                  f"{index.stat().st_size / 2**20:>9.1f}", flush=True)
+            if have_bm25s:
+                b_build, b_lat = bench_bm25s(docs, queries, args.k)
+                print(f"{n:>8} {'bm25s':>6} {b_build:>8.2f} {ms(b_lat):>13.2f} {ms(b_lat, .95):>7.2f} {'-':>9}")
+                print(f"{'':>8} ratio fts5/bm25s: build {build / b_build:.2f}x, "
+                      f"query p50 {statistics.median(lat) / statistics.median(b_lat):.2f}x")
+    print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB "
+          f"(includes the generated corpora held for the query sampler)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
