@@ -157,7 +157,9 @@ def _write(table, out: str, fmt: str | None, stage: str, cfg, inherit=None, **pr
 def _table_stage(stage: str):
     """Handler for stages that map a table to a table."""
     def handler(cfg, mod, *, input: str, out: str, fmt: str | None):
-        table = _read(input, stage)
+        # a stage whose needs depend on its flags (aggregate-reward --no-atr) says which columns
+        columns = mod.input_columns(cfg) if hasattr(mod, "input_columns") else None
+        table = _read(input, stage, columns)
         ctx = _context()
         result = mod.run(table, cfg, ctx)
         _write(result, out, fmt, stage, cfg, inherit=table)

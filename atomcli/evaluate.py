@@ -77,8 +77,9 @@ def run(table, config: EvalConfig, context) -> dict:
         raise InputError("the input has no `answer` column: it holds questions, not answered rollouts",
                          column="answer", hint="pass --model M (and --search SPEC) to answer them, "
                                                "or give the output of `atom rollout`")
-    verdicts = judge_verdicts(table, config, context) if config.judge else None
-    report = score_table(table, config.f1, verdicts=verdicts)
+    report = score_table(table, config.f1)  # validates the table before any judge call is paid for
+    if config.judge:
+        report = score_table(table, config.f1, verdicts=judge_verdicts(table, config, context))
     report["kind"] = "questions" if rolled_out else "rollouts"
     report["model"] = config.model if rolled_out else _policies(table)
     report["config"] = to_dict(config)
@@ -226,6 +227,8 @@ def judge_verdicts(table, config: EvalConfig, context) -> list[bool | None]:
             replies = [None] * len(prompts)
         for i, reply in zip(rows, replies):
             verdicts[i] = parse_verdict(reply)
+            if isinstance(reply, Exception):  # the judge interface returns per-prompt faults
+                errors.append(f"{type(reply).__name__}: {reply}")
     failed = sum(verdicts[i] is None for i in asked)
     if failed:
         context.log(f"[yellow]judge[/] {config.judge}: no verdict for {failed} of {len(asked)} answers"

@@ -19,11 +19,12 @@ from atomcli import plugins, tableio
 from atomcli.errors import InputError
 
 PERCENT = ("f1", "em", "cover_em", "best_f1", "judge_accuracy", "format_error_rate")
-# (report key, column title); rates are shown as percentages like the papers' tables.
-COLUMNS = [("n", "n"), ("f1", "F1"), ("em", "EM"), ("cover_em", "cover-EM"), ("best_f1", "best F1"),
-           ("judge_accuracy", "judge"), ("format_error_rate", "format err"), ("mean_turns", "turns"),
-           ("searches_per_question", "searches"), ("browses_per_question", "browses"),
-           ("tokens_per_question", "tokens")]
+# (report key, Markdown title, terminal title); rates are shown as percentages like the papers' tables.
+COLUMNS = [("n", "n", "n"), ("f1", "F1", "F1"), ("em", "EM", "EM"), ("cover_em", "cover-EM", "cover"),
+           ("best_f1", "best F1", "best"), ("judge_accuracy", "judge", "judge"),
+           ("format_error_rate", "format err", "fmt"), ("mean_turns", "turns", "turns"),
+           ("searches_per_question", "searches", "srch"), ("browses_per_question", "browses", "brws"),
+           ("tokens_per_question", "tokens", "tok")]
 
 
 def run_to_files(mod, input_path: str, cfg, ctx, *, out: str, markdown: str | None = None,
@@ -91,15 +92,15 @@ def _emit(path: str, data: bytes) -> None:
 
 # --- people-facing renderings -----------------------------------------------------------------
 
-def _visible_columns(report: dict) -> list[tuple[str, str]]:
+def _visible_columns(report: dict) -> list[tuple[str, str, str]]:
     overall = report["overall"]
     cols = []
-    for key, title in COLUMNS:
+    for key, title, short in COLUMNS:
         if key == "best_f1" and overall.get("samples_per_question", 1) <= 1:
             continue  # identical to F1 with one sample per question
         if key != "n" and overall.get(key) is None:
             continue  # column absent from the input (or no judge)
-        cols.append((key, title))
+        cols.append((key, title, short))
     return cols
 
 
@@ -118,17 +119,21 @@ def _rows(report: dict) -> list[tuple[str, dict]]:
 
 
 def rich_table(report: dict):
+    from rich import box
     from rich.table import Table
 
     cols = _visible_columns(report)
     title = f"eval: {report.get('input', '')}" + (f"  model {report['model']}" if report.get("model") else "")
-    table = Table(title=title, caption="F1/EM/cover-EM/judge/format err in %; per question: turns, calls, tokens")
-    table.add_column("data_source")
-    for _, t in cols:
-        table.add_column(t, justify="right")
+    table = Table(title=title, caption="F1, EM, cover(-EM), best (F1 of a group), judge, fmt (format errors) in %; "
+                                       "turns, srch (searches), brws (browses), tok (tokens) per question",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
     rows = _rows(report)
+    # source names matter more than wide headers when the terminal (or a CI log) is narrow
+    table.add_column("source", min_width=min(24, max(len(src) for src, _ in rows)))
+    for _, _, short in cols:
+        table.add_column(short, justify="right")
     for i, (src, m) in enumerate(rows):
-        table.add_row(src, *(fmt(k, m.get(k)) for k, _ in cols), style="bold" if i == len(rows) - 1 else None,
+        table.add_row(src, *(fmt(k, m.get(k)) for k, _, _ in cols), style="bold" if i == len(rows) - 1 else None,
                       end_section=i == len(rows) - 2)
     return table
 
@@ -143,11 +148,11 @@ def to_markdown(report: dict) -> str:
              f"- questions: {report.get('n')}, trajectories: {report.get('n_trajectories')}",
              f"- F1 variant: {report.get('f1_variant')}" + (f"; judge: `{cfg['judge']}`" if cfg.get("judge") else ""),
              "",
-             "| data_source | " + " | ".join(t for _, t in cols) + " |",
+             "| data_source | " + " | ".join(t for _, t, _ in cols) + " |",
              "|---|" + "---:|" * len(cols)]
     for src, m in _rows(report):
         name = f"**{src}**" if src == "overall" else src.replace("|", "\\|")
-        lines.append(f"| {name} | " + " | ".join(fmt(k, m.get(k)) for k, _ in cols) + " |")
+        lines.append(f"| {name} | " + " | ".join(fmt(k, m.get(k)) for k, _, _ in cols) + " |")
     lines += ["", "F1, EM, cover-EM, best F1 (max over a question's samples), judge accuracy and the format-error "
                   "rate are percentages; a question's value is the mean over its samples, a row's the mean over "
                   "its questions. Turns, searches, browses and tokens are per question."]

@@ -209,9 +209,14 @@ def _connect(target: Target, limits: FetchLimits, tls: ssl.SSLContext | None) ->
     """A socket to one of the checked addresses (never re-resolving the name)."""
     last: Exception | None = None
     for addr in target.addresses:
+        # a raw socket to the literal address: no name lookup can happen after the check
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(limits.connect_timeout)
         try:
-            sock = socket.create_connection((addr, target.port), timeout=limits.connect_timeout)
+            sock.connect((addr, target.port))
         except OSError as e:
+            sock.close()
             last = e
             continue
         if target.scheme == "https":
@@ -240,6 +245,9 @@ class _PinnedConnection(http.client.HTTPConnection):
     def connect(self):
         self.sock = _connect(self._target, self._limits, self._tls)
         self.sock.settimeout(self._limits.read_timeout)
+        # http.client drops self.sock once a `Connection: close` response owns it; the body
+        # reader still needs the socket to tighten its timeout toward the deadline
+        self.pinned_sock = self.sock
 
 
 def _media_type(header: str | None) -> tuple[str, str | None]:
@@ -311,10 +319,10 @@ class _Body:
 class Fetcher:
     """One GET with the guard on every hop. Thread-safe (no shared mutable state)."""
 
-    def __init__(self, allow_hosts: str = "", limits: FetchLimits | None = None):
+    def __init__(self, allow_hosts: str = "", limits: FetchLimits | None = None, tls: ssl.SSLContext | None = None):
         self.guard = Guard(allow_hosts)
         self.limits = limits or FetchLimits()
-        self._tls = ssl.create_default_context()
+        self._tls = tls or ssl.create_default_context()  # `tls`: e.g. a context trusting a private CA
 
     def get(self, url: str) -> Response:
         lim = self.limits
@@ -358,7 +366,7 @@ class Fetcher:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ToolFault(f"page took longer than {lim.total_timeout:g} s to download")
-                conn.sock.settimeout(min(lim.read_timeout, left))
+                conn.pinned_sock.settimeout(min(lim.read_timeout, left))
                 # read1: at most one recv, so the deadline is checked between small reads
                 chunk = resp.read1(65536)
                 if not chunk:
@@ -370,7 +378,9 @@ class Fetcher:
                     break
             return status, None, Response(url, status, mime, charset, body.bytes(), body.truncated)
         except (TimeoutError, socket.timeout) as e:
-            raise ToolFault(f"timed out reading {target.host} ({e or 'no data'})") from e
+            if time.monotonic() >= deadline - 0.05:  # the read was cut short by the deadline
+                raise ToolFault(f"page took longer than {lim.total_timeout:g} s to download") from e
+            raise ToolFault(f"timed out reading {target.host} (no data for {lim.read_timeout:g} s)") from e
         except ssl.SSLCertVerificationError as e:
             raise FetchError(f"TLS certificate of {target.host} not valid: {e.verify_message}") from e
         except (http.client.HTTPException, ConnectionError) as e:

@@ -3,14 +3,45 @@
 Owns the rollout columns of the trajectory table, including the exact token columns
 (`prompt_ids`, `completion_ids`, `loss_mask`, `old_logprobs`) built incrementally from what
 the policy sampled and what the environment inserted.
+
+How the token columns are built (and why they can be trusted):
+
+- `prompt_ids` = the tokenized chat rendering of [system, user] with the generation prompt.
+- Each assistant turn appends the ids the engine *sampled* (mask 1, their log-prob under
+  the raw model logits at temperature 1), never a re-tokenization of the text. The turn's
+  message content is exactly the text those ids decode to; when the turn ended with an
+  end-of-sequence token that the chat template writes as its own turn end (ChatML's
+  `<|im_end|>`), the token stays in the ids (the policy chose to end its turn) and its text
+  is left out of the content, where the template puts it back.
+- Everything the environment adds (the rest of the template's turn closing, the tool
+  message, the next generation prompt) is *glue*: mask 0, log-prob 0.0. Glue is the text
+  difference between chat renderings of the conversation before and after the new
+  messages, tokenized on its own. So decoding `prompt_ids + completion_ids` gives exactly
+  `apply_chat_template(messages)`, whatever the sampled text would re-tokenize to.
+- That needs an append-only chat template (each rendering extends the previous one). It is
+  probed before anything runs; a template that rewrites earlier turns (e.g. one that drops
+  old `<think>` blocks) is refused with a clear message.
+
+Episode rules: generation stops at `</tool_call>`, `</answer>`, an end-of-sequence token or
+the per-turn cap. An answer ends the episode (`answer`). A tool call runs (all calls of a turn
+run concurrently across the batch); a malformed call, or a turn with neither call nor answer,
+gets an error observation the model can recover from and is recorded in `tool_calls`.
+After `max_turns` turns without an answer the episode ends (`max_turns`; that last turn's call
+is not run). When the context cap leaves no room for another turn, or the cap cuts a turn,
+it ends with `length`; an engine failure for one trajectory ends it with `error`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
 
+from atomcli import agent_format, schema
 from atomcli.config import opt
-from atomcli.errors import NotBuiltError
+from atomcli.errors import InputError
 
 
 @dataclass
@@ -37,7 +68,507 @@ class RolloutConfig:
     concurrency: int = opt(8, "parallel requests for the OpenAI engine and parallel tool calls")
     timeout: float = opt(120.0, "seconds per request for the OpenAI engine")
     trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run")
+    tokenizer: str = opt("", "OpenAI engine: local tokenizer of the served model (folder, hub id or smollm2; "
+                             "default: the model name after #)")
+    prompt_ids: bool = opt(True, "OpenAI engine: send prompts as token ids (exact; vLLM, SGLang) rather than text")
+    retries: int = opt(4, "OpenAI engine: attempts per request on timeouts, 429 and 5xx")
 
+
+# --- groups, shards, seeds ------------------------------------------------------------------
+
+def group_ids(table) -> list[str]:
+    """One group id per question row: its `id`, made unique (`id~2`, `id~3`…) when ids repeat."""
+    seen: dict[str, int] = {}
+    out = []
+    for raw in table.column("id").to_pylist():
+        gid = str(raw)
+        n = seen.get(gid, 0) + 1
+        seen[gid] = n
+        out.append(gid if n == 1 else f"{gid}~{n}")
+    # a later `x~2` could collide with a real id `x~2`: add more suffix until unique
+    used: set[str] = set()
+    for i, gid in enumerate(out):
+        while gid in used:
+            gid += "~"
+        used.add(gid)
+        out[i] = gid
+    return out
+
+
+def parse_shard(shard: str) -> tuple[int, int]:
+    if not shard:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise InputError(f"--shard `{shard}` is not i/n", hint="e.g. --shard 0/4 ... --shard 3/4") from None
+    if n < 1 or not 0 <= i < n:
+        raise InputError(f"--shard `{shard}`: need 0 <= i < n", hint="e.g. --shard 0/4 ... --shard 3/4")
+    return i, n
+
+
+def selected_rows(table, config: RolloutConfig) -> list[int]:
+    """Question rows this run covers: the first `limit`, then every n-th from i (`shard`)."""
+    n_rows = table.num_rows if config.limit <= 0 else min(config.limit, table.num_rows)
+    i, n = parse_shard(config.shard)
+    return list(range(i, n_rows, n))
+
+
+def turn_seed(seed: int, traj_id: str, turn: int) -> int:
+    """A trajectory's own seed for one turn: independent of batching, resume and sharding."""
+    h = hashlib.sha256(f"{seed}\x00{traj_id}\x00{turn}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def validate(config: RolloutConfig) -> None:
+    checks = [
+        (config.group_size >= 1, "--group-size must be >= 1"),
+        (config.max_turns >= 1, "--max-turns must be >= 1"),
+        (config.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
+        (config.max_context >= 2, "--max-context must be >= 2"),
+        (config.temperature >= 0, "--temperature must be >= 0 (0 = greedy)"),
+        (0 < config.top_p <= 1, "--top-p must be in (0, 1]"),
+        (config.batch_size >= 1, "--batch-size must be >= 1"),
+        (config.limit >= 0, "--limit must be >= 0"),
+        (config.concurrency >= 1, "--concurrency must be >= 1"),
+        (config.timeout > 0, "--timeout must be > 0"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise InputError(msg)
+    parse_shard(config.shard)
+
+
+# --- engines --------------------------------------------------------------------------------
+
+def engine_for(config: RolloutConfig, context):
+    """The sampling engine for `config.model`, cached in the context (run-all loads it once)."""
+    if config.model.startswith("openai:"):
+        from atomcli import engine_openai
+        key = ("rollout-engine", config.model, config.tokenizer, config.prompt_ids, config.concurrency,
+               config.timeout, config.retries)
+        return context.cached(key, lambda: engine_openai.make(config, context))
+    from atomcli.engine_hf import HFEngine
+    kw = {"trust_remote_code": True} if config.trust_remote_code else {}
+    model, tok = context.model(config.model, **kw)
+    return HFEngine(config.model, model, tok, batch_size=config.batch_size)
+
+
+def provenance_fields(config: RolloutConfig, context) -> dict:
+    """`model`, `tokenizer` and `extra` for the rollout's provenance record."""
+    from atomcli import models
+    engine = engine_for(config, context)
+    return {"model": config.model, "tokenizer": models.tokenizer_id(engine.tokenizer),
+            "extra": engine.provenance()}
+
+
+# --- chat-template arithmetic ---------------------------------------------------------------
+
+class TemplateError(Exception):
+    """The chat template re-rendered an earlier part of the conversation differently."""
+
+
+class Chat:
+    """Renders conversations with the policy's chat template and measures glue between them."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        if not getattr(tok, "chat_template", None):
+            raise InputError("the policy's tokenizer has no chat template",
+                             hint="use an instruct/chat model (its tokenizer_config.json or chat_template.jinja)")
+
+    def render(self, messages: list[dict], open_turn: bool = False) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=open_turn)
+
+    def encode(self, text: str) -> list[int]:
+        # the template text already holds any BOS it wants; never let the tokenizer add one
+        return self.tok(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def extend(self, before: str, messages: list[dict], open_turn: bool = False) -> tuple[str, str]:
+        """(rendering of `messages`, the text it adds after `before`); TemplateError if not a prefix."""
+        after = self.render(messages, open_turn)
+        if not after.startswith(before):
+            raise TemplateError("the chat template does not extend the previous rendering")
+        return after, after[len(before):]
+
+    def check(self, system: str) -> None:
+        """Refuse templates that are not append-only, before any sampling is spent."""
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": "Question: probe?"}]
+        turn = ('<think><PLAN>probe</PLAN></think><tool_call>{"name": "web_search", '
+                '"arguments": {"query": ["probe"]}}</tool_call>')
+        try:
+            text = self.render(msgs, open_turn=True)
+            for m in ({"role": "assistant", "content": turn},
+                      {"role": "tool", "content": agent_format.tool_message("probe result")}):
+                base = text if m["role"] == "tool" else text + m["content"]
+                msgs = msgs + [m]
+                text, _ = self.extend(base, msgs)
+            self.extend(text, msgs, open_turn=True)
+        except TemplateError:
+            raise InputError("the policy's chat template re-renders earlier turns (not append-only), so "
+                             "exact token columns cannot match the rendered messages",
+                             hint="use a model whose template only appends (ChatML, Qwen2.5, Llama 3)") from None
+        except Exception as e:  # e.g. a template that has no system or tool role
+            raise InputError(f"the policy's chat template cannot render an agent conversation ({e})",
+                             hint="the template must accept system, user, assistant and tool messages") from None
+
+
+# --- one trajectory -------------------------------------------------------------------------
+
+@dataclass
+class Episode:
+    row: int
+    group_id: str
+    sample_idx: int
+    messages: list[dict] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    old_logprobs: list[float] = field(default_factory=list)
+    text: str = ""  # what prompt_ids + completion_ids decode to
+    n_turns: int = 0
+    tool_calls: list[dict] = field(default_factory=list)
+    answer: str | None = None
+    finish_reason: str | None = None
+    error: str | None = None  # why an `error` episode ended (logged; there is no column for it)
+    pending: object = None  # the ToolCall waiting for its observation
+    reopen: tuple | None = None  # (tokens, text) before the last turn opening, to undo it on error
+
+    @property
+    def traj_id(self) -> str:
+        return f"{self.group_id}/{self.sample_idx}"
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+    def add(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
+        self.completion_ids += ids
+        self.loss_mask += [mask] * len(ids)
+        self.old_logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+    def finish(self, reason: str) -> None:
+        self.finish_reason = reason
+        self.pending = None
+
+
+NO_ACTION = ("the turn ended without <tool_call>…</tool_call> or <answer>…</answer>; think inside "
+             "<think></think>, then call one tool or give the answer")
+
+
+class Agent:
+    """Drives episodes turn by turn: builds requests, absorbs samples, adds observations."""
+
+    def __init__(self, config: RolloutConfig, chat: Chat, system: str, max_context: int):
+        self.cfg, self.chat, self.system, self.max_context = config, chat, system, max_context
+        self.template_faults = 0
+
+    def start(self, ep: Episode, question: str) -> None:
+        ep.messages = [{"role": "system", "content": self.system},
+                       {"role": "user", "content": agent_format.user_message(question)}]
+        ep.text = self.chat.render(ep.messages, open_turn=True)
+        ep.prompt_ids = self.chat.encode(ep.text)
+        if ep.n_tokens >= self.max_context:
+            ep.finish("length")
+
+    def request(self, ep: Episode):
+        from atomcli.engine_hf import GenRequest
+        budget = min(self.cfg.max_new_tokens, self.max_context - ep.n_tokens)
+        return GenRequest(ep.prompt_ids + ep.completion_ids, budget,
+                          seed=turn_seed(self.cfg.seed, ep.traj_id, ep.n_turns),
+                          temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                          stops=agent_format.STOP_STRINGS)
+
+    def absorb(self, ep: Episode, res, budget: int) -> None:
+        """Append one sampled turn; decide whether it ends the episode or needs an observation."""
+        if res.stop == "error":
+            if ep.reopen is not None:  # end on the tool message, as `length` does, not on an open turn
+                n, ep.text = ep.reopen
+                del ep.completion_ids[n:], ep.loss_mask[n:], ep.old_logprobs[n:]
+            ep.error = res.error
+            ep.finish("error")
+            return
+        before = ep.text
+        ep.add(res.ids, 1, res.logprobs)
+        ep.n_turns += 1
+        full = self.chat.decode(ep.prompt_ids + ep.completion_ids)
+        seg = full[len(before):] if full.startswith(before) else self.chat.decode(res.ids)
+        sampled_text = before + seg
+        # content = the text of the sampled ids, minus an end-of-turn token the template writes
+        contents = [seg]
+        if res.stop == "eos" and res.ids:
+            eos_text = self.chat.decode(res.ids[-1:])
+            if eos_text and seg.endswith(eos_text):
+                contents.insert(0, seg[:-len(eos_text)])
+        for content in contents:
+            msgs = ep.messages + [{"role": "assistant", "content": content}]
+            try:
+                closed, _ = self.chat.extend(sampled_text, msgs)
+                break
+            except TemplateError:
+                continue
+        else:
+            self.template_faults += 1
+            ep.messages = msgs
+            ep.text = sampled_text
+            ep.finish("error")
+            return
+        ep.messages, ep.text = msgs, sampled_text
+        turn = agent_format.parse_turn(content)
+        if turn.answer is not None:
+            ep.answer = turn.answer
+            return self._close(ep, closed, "answer")
+        if res.stop == "length" and budget < self.cfg.max_new_tokens:
+            return self._close(ep, closed, "length")  # the context cap cut this turn
+        if ep.n_turns >= self.cfg.max_turns:
+            return self._close(ep, closed, "max_turns")
+        if turn.tool_call is not None:
+            ep.pending = turn.tool_call
+        else:
+            raw = agent_format.TOOL_RE.findall(content)
+            err = ("a <tool_call> must be closed with </tool_call>" if "<tool_call>" in content and not raw
+                   else NO_ACTION)
+            ep.pending = agent_format.ToolCall("", {}, err)
+
+    def _close(self, ep: Episode, closed: str, reason: str) -> None:
+        ep.add(self.chat.encode(closed[len(ep.text):]), 0)
+        ep.text = closed
+        ep.finish(reason)
+
+    def observe(self, ep: Episode, call, result) -> None:
+        """Append the tool message (glue, mask 0) and, when there is room, the next turn's opening."""
+        ep.tool_calls.append({
+            "turn": ep.n_turns, "name": call.name,
+            "arguments": json.dumps(call.arguments, ensure_ascii=False) if not call.error else
+            _raw_call(ep.messages[-1]["content"]),
+            "ok": bool(result.ok), "error": result.error, "cached": bool(result.cached),
+            "seconds": float(result.seconds)})
+        ep.pending = None
+        msgs = ep.messages + [{"role": "tool", "content": agent_format.tool_message(result.observation)}]
+        try:
+            closed, glue = self.chat.extend(ep.text, msgs)
+            opened, opening = self.chat.extend(closed, msgs, open_turn=True)
+        except TemplateError:
+            self.template_faults += 1
+            ep.finish("error")
+            return
+        ep.messages = msgs
+        ep.add(self.chat.encode(glue), 0)
+        ep.text = closed
+        opening_ids = self.chat.encode(opening)
+        if ep.n_tokens + len(opening_ids) >= self.max_context:
+            ep.finish("length")  # no room for another turn; the conversation ends on the tool message
+            return
+        ep.reopen = (len(ep.completion_ids), closed)
+        ep.add(opening_ids, 0)
+        ep.text = opened
+
+
+def _raw_call(content: str) -> str:
+    """What the model wrote as its call, for the record (malformed calls keep their text)."""
+    calls = agent_format.TOOL_RE.findall(content)
+    if calls:
+        return calls[-1].strip()[:agent_format.MAX_ARG_CHARS]
+    i = content.rfind("<tool_call>")
+    return content[i + len("<tool_call>"):].strip()[:agent_format.MAX_ARG_CHARS] if i >= 0 else ""
+
+
+# --- the stage ------------------------------------------------------------------------------
 
 def run(table, config: RolloutConfig, context, *, done_groups=frozenset(), sink=None):
-    raise NotBuiltError("`atom rollout` is not built yet")
+    """Roll out G trajectories per selected question; returns the new rows (input columns kept).
+
+    `done_groups`: group ids to skip (resume). `sink(table)`: called with each group's rows as
+    soon as the group is complete, so that an interrupted run keeps its finished groups."""
+    from atomcli.tools import ToolBox
+
+    validate(config)
+    gids = group_ids(table)
+    rows = [r for r in selected_rows(table, config) if gids[r] not in done_groups]
+    if not rows:
+        return rows_table(table, [], config.model)
+    questions = table.column("question").to_pylist()
+    engine_box: list = []
+    reader_fn = (lambda prompts: engine_box[0].complete(prompts)) if config.reader == "policy" else None
+    # the toolbox first: a bad index or cache fails before the model loads
+    toolbox = ToolBox(config.search, context, k=config.k, cache=config.cache, replay=config.replay,
+                      reader=config.reader, allow_hosts=config.allow_hosts, concurrency=config.concurrency,
+                      reader_fn=reader_fn)
+    try:
+        engine = engine_for(config, context)
+        engine_box.append(engine)
+        system = agent_format.system_prompt(config.date, config.system_prompt)
+        chat = Chat(engine.tokenizer)
+        chat.check(system)
+        max_ctx = config.max_context
+        if getattr(engine, "max_positions", None):
+            max_ctx = min(max_ctx, engine.max_positions)
+        agent = Agent(config, chat, system, max_ctx)
+        episodes = [Episode(r, gids[r], s) for r in rows for s in range(config.group_size)]
+        with Monitor(context, len(rows), len(episodes)) as monitor:
+            _loop(agent, engine, toolbox, episodes, questions, config, monitor, table, sink)
+            if agent.template_faults:
+                context.log(f"[yellow]warning:[/] {agent.template_faults} trajectories ended with `error`: "
+                            "the chat template re-rendered an earlier turn")
+        errors = [ep for ep in episodes if ep.error]
+        if errors:
+            context.log(f"[yellow]warning:[/] {len(errors)} trajectories ended with `error`; first: "
+                        f"{errors[0].traj_id}: {errors[0].error}")
+        result = rows_table(table, episodes, config.model)
+        monitor.summary(result)
+        return result
+    finally:
+        toolbox.close()
+
+
+def _loop(agent: Agent, engine, toolbox, episodes, questions, config, monitor, table, sink) -> None:
+    pending = deque(episodes)
+    left = {}
+    for ep in episodes:
+        left[ep.group_id] = left.get(ep.group_id, 0) + 1
+    by_group: dict[str, list[Episode]] = {}
+    active: list[Episode] = []
+
+    def done(ep: Episode) -> None:
+        by_group.setdefault(ep.group_id, []).append(ep)
+        left[ep.group_id] -= 1
+        monitor.trajectory_done(ep)
+        if left[ep.group_id] == 0:
+            group = sorted(by_group.pop(ep.group_id), key=lambda e: e.sample_idx)
+            if sink is not None:
+                sink(rows_table(table, group, config.model))
+            monitor.group_done()
+
+    while pending or active:
+        while pending and len(active) < config.batch_size:
+            ep = pending.popleft()
+            agent.start(ep, questions[ep.row])
+            if ep.finish_reason:
+                done(ep)
+            else:
+                active.append(ep)
+        if not active:
+            continue
+        reqs = [agent.request(ep) for ep in active]
+        t0 = time.time()
+        results = engine.generate(reqs)
+        monitor.sampled(sum(len(r.ids) for r in results), time.time() - t0)
+        for ep, req, res in zip(active, reqs, results):
+            agent.absorb(ep, res, req.max_new_tokens)
+        calls = [ep for ep in active if ep.pending is not None]
+        if calls:
+            outs = toolbox.run_many([(ep.pending, ep.traj_id) for ep in calls])
+            for ep, out in zip(calls, outs):
+                monitor.tool(out)
+                agent.observe(ep, ep.pending, out)
+        still = []
+        for ep in active:
+            (done if ep.finish_reason else still.append)(ep)
+        active = still
+
+
+def rows_table(table, episodes: list[Episode], policy: str):
+    """The input rows (repeated per sample) with the rollout columns set."""
+    sub = table.take([ep.row for ep in episodes])
+    search = {"web_search": "n_search", "browse_webpage": "n_browse"}
+    counts = [{v: sum(1 for c in ep.tool_calls if c["name"] == k) for k, v in search.items()} for ep in episodes]
+    values = {
+        "traj_id": [ep.traj_id for ep in episodes],
+        "group_id": [ep.group_id for ep in episodes],
+        "sample_idx": [ep.sample_idx for ep in episodes],
+        "policy": [policy] * len(episodes),
+        "messages": [ep.messages for ep in episodes],
+        "answer": [ep.answer for ep in episodes],
+        "finish_reason": [ep.finish_reason for ep in episodes],
+        "format_ok": [agent_format.trajectory_format_ok(ep.messages) for ep in episodes],
+        "n_turns": [ep.n_turns for ep in episodes],
+        "n_search": [c["n_search"] for c in counts],
+        "n_browse": [c["n_browse"] for c in counts],
+        "tool_calls": [ep.tool_calls for ep in episodes],
+        "prompt_ids": [ep.prompt_ids for ep in episodes],
+        "completion_ids": [ep.completion_ids for ep in episodes],
+        "loss_mask": [ep.loss_mask for ep in episodes],
+        "old_logprobs": [ep.old_logprobs for ep in episodes],
+    }
+    return schema.set_columns(sub, values)
+
+
+# --- progress and summary (stderr) ----------------------------------------------------------
+
+class Monitor:
+    """A rich progress bar (groups, tokens/s, tool calls/s, errors) and the closing summary."""
+
+    def __init__(self, context, n_groups: int, n_traj: int):
+        self.context, self.n_groups, self.n_traj = context, n_groups, n_traj
+        self.t0 = time.time()
+        self.tokens = self.gen_seconds = 0.0
+        self.tool_calls = self.tool_errors = self.groups = 0
+        self.progress = self.task = None
+
+    def __enter__(self):
+        if not self.context.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            self.progress = Progress(TextColumn("rollout"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("groups  {task.fields[stats]}"), TimeElapsedColumn(),
+                                     console=self.context.console, transient=True)
+            self.progress.start()
+            self.task = self.progress.add_task("rollout", total=self.n_groups, stats="")
+        return self
+
+    def __exit__(self, *exc):
+        if self.progress is not None:
+            self.progress.stop()
+
+    def _refresh(self):
+        if self.progress is None:
+            return
+        dt = max(time.time() - self.t0, 1e-9)
+        stats = (f"{self.tokens / dt:.0f} tok/s  {self.tool_calls / dt:.1f} calls/s  "
+                 f"{self.tool_errors} tool errors")
+        self.progress.update(self.task, completed=self.groups, stats=stats)
+
+    def sampled(self, n: int, seconds: float):
+        self.tokens += n
+        self.gen_seconds += seconds
+        self._refresh()
+
+    def tool(self, result):
+        self.tool_calls += 1
+        self.tool_errors += 0 if result.ok else 1
+        self._refresh()
+
+    def trajectory_done(self, ep):
+        pass
+
+    def group_done(self):
+        self.groups += 1
+        self._refresh()
+
+    def summary(self, result):
+        if self.context.quiet or result.num_rows == 0:
+            return
+        from rich.table import Table
+        wall = time.time() - self.t0
+        reasons: dict[str, int] = {}
+        for r in result.column("finish_reason").to_pylist():
+            reasons[r] = reasons.get(r, 0) + 1
+        n = result.num_rows
+        fmt = sum(result.column("format_ok").to_pylist())
+        turns = sum(result.column("n_turns").to_pylist()) / n
+        t = Table(title="rollout", show_header=False, title_justify="left")
+        t.add_column(style="bold")
+        t.add_column(justify="right")
+        for k, v in [("groups / trajectories", f"{self.groups} / {n}"),
+                     ("finish", ", ".join(f"{k} {v}" for k, v in sorted(reasons.items()))),
+                     ("format ok", f"{fmt / n:.0%}"), ("turns per trajectory", f"{turns:.2f}"),
+                     ("searches / browses", f"{sum(result.column('n_search').to_pylist())} / "
+                                            f"{sum(result.column('n_browse').to_pylist())}"),
+                     ("tool errors", f"{self.tool_errors} of {self.tool_calls}"),
+                     ("tokens sampled", f"{self.tokens:.0f} ({self.tokens / max(self.gen_seconds, 1e-9):.1f}/s "
+                                        "while sampling)"),
+                     ("wall time", f"{wall:.1f} s")]:
+            t.add_row(k, v)
+        self.context.console.print(t)

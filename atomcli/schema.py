@@ -148,6 +148,9 @@ def conform(table: pa.Table, source: str = "-") -> pa.Table:
 def array(name: str, values: list) -> pa.Array:
     """Build a column of the contract type (or inferred for columns outside the contract)."""
     col = COLUMNS.get(name)
+    if col and pa.types.is_list(col.type) and any(isinstance(v, (str, bytes)) for v in values):
+        # pyarrow would silently split "Paris" into ["P", "a", "r", "i", "s"]
+        raise ValueError(f"column `{name}`: expected a list, got a string")
     try:
         return pa.array(values, type=col.type) if col else pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:

@@ -1,26 +1,48 @@
 """Stage `sft`: supervised fine-tuning on atomic-thought trajectories through TRL.
 
-Trains on assistant tokens only (the trajectory table's loss mask, or the chat rendering
-of `messages` with tool and user turns masked).
+Only what the assistant generated is trained on; system, user and tool turns and the chat
+template's glue are context. Each row becomes `input_ids` + `completion_mask`, which TRL's
+`SFTTrainer(completion_only_loss=True)` turns into labels for any chat template (its
+`assistant_only_loss` refuses templates without generation markers, SmolLM2's among them):
+
+- rows with token columns made by this model's tokenizer use them as sampled:
+  `prompt_ids + completion_ids` with mask `[0]*len(prompt_ids) + loss_mask`;
+- otherwise `messages` are rendered with the tokenizer's chat template one message at a
+  time; for an assistant message the text after the generation prompt, up to the end-of-turn
+  token, is marked (the newline the template adds after it is glue).
+
+`--min-reward X` keeps rows with reward >= X (rejection sampling). `--lora` trains a peft
+adapter and merges it before saving, so the output is a plain checkpoint like any other.
+TRL runs in a temporary output folder; its prints go to stderr (stdout carries data only).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import shutil
+import sys
+import tempfile
+import time
 from dataclasses import dataclass
 
 from atomcli.config import opt
-from atomcli.errors import NotBuiltError
+from atomcli.errors import InputError
 
 
 @dataclass
 class SFTConfig:
     model: str = opt("smollm2", "base model: `smollm2`, a checkpoint folder or hub id")
     epochs: float = opt(1.0, "passes over the data")
+    max_steps: int = opt(0, "stop after this many optimizer steps (0 = run all epochs)")
     lr: float = opt(5e-5, "learning rate")
+    lr_scheduler: str = opt("linear", "learning-rate schedule (transformers names: linear, cosine, constant...)")
+    warmup_ratio: float = opt(0.0, "fraction of the steps spent warming the learning rate up")
     batch_size: int = opt(4, "sequences per device batch")
     grad_accum: int = opt(1, "gradient accumulation steps")
     max_length: int = opt(2048, "truncate sequences to this many tokens")
     min_reward: float = opt(float("-inf"), "keep only rows with reward >= this (rejection sampling)")
+    gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, ~30% more time)")
     lora: bool = opt(False, "train a LoRA adapter (peft) and merge it into the saved checkpoint")
     lora_r: int = opt(16, "LoRA rank")
     seed: int = opt(0, "random seed")
@@ -28,4 +50,172 @@ class SFTConfig:
 
 
 def run(table, config: SFTConfig, context):
-    raise NotBuiltError("`atom sft` is not built yet")
+    """Fine-tune on `table`; returns a checkpoint.TrainResult (cli saves it)."""
+    import torch
+
+    from atomcli import checkpoint, models
+
+    _check_config(config)
+    table = filter_by_reward(table, config.min_reward)
+    model, tok = models.load(config.model, context, trust_remote_code=config.trust_remote_code)
+    examples, how = build_examples(table, tok)
+    n_tokens = sum(sum(m) for m in examples["completion_mask"])
+    if n_tokens == 0:
+        raise InputError("no assistant tokens to train on", column="messages",
+                         hint="rows need assistant messages (or loss_mask = 1 tokens)")
+    context.log(f"sft: {len(examples['input_ids'])} rows ({how}), {n_tokens} trained tokens")
+
+    trainer, out_dir = _trainer(model, tok, examples, config)
+    t0 = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # Trainer prints its logs; stdout is data
+            trainer.train()
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    seconds = time.perf_counter() - t0
+    model = trainer.model
+    if config.lora:
+        model = model.merge_and_unload()
+    model.config.use_cache = True  # the trainer turns the KV cache off for checkpointing; generation wants it
+    model.eval()
+
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    steps = trainer.state.global_step
+    metrics = {"train_loss_first": losses[0] if losses else None, "train_loss_last": losses[-1] if losses else None,
+               "train_losses": losses, "steps": steps, "seconds": seconds,
+               "seconds_per_step": seconds / steps if steps else None, "rows": len(examples["input_ids"]),
+               "trained_tokens": n_tokens, "source": how}
+    if torch.cuda.is_available():
+        metrics["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    context.log(f"sft: {steps} steps in {seconds:.1f} s, loss {_fmt(metrics['train_loss_first'])} -> "
+                f"{_fmt(metrics['train_loss_last'])}")
+    return checkpoint.TrainResult(model=model, tokenizer=tok, step=0, metrics=metrics,
+                                  base=checkpoint.spec_id(config.model))
+
+
+def _fmt(x):
+    return "-" if x is None else f"{x:.4f}"
+
+
+def _check_config(config: SFTConfig) -> None:
+    for name in ("batch_size", "grad_accum", "max_length", "lora_r"):
+        if getattr(config, name) < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be at least 1")
+    if not config.lr > 0 or not config.epochs > 0:
+        raise InputError("--lr and --epochs must be > 0")
+    if not 0 <= config.warmup_ratio < 1:
+        raise InputError("--warmup-ratio must be in [0, 1)")
+
+
+def filter_by_reward(table, min_reward: float):
+    """Rows with reward >= min_reward (no filter at -inf)."""
+    if math.isinf(min_reward) and min_reward < 0:
+        return table
+    if "reward" not in table.column_names:
+        raise InputError("--min-reward needs a `reward` column", column="reward",
+                         hint="run `atom aggregate-reward` first, or drop --min-reward")
+    rewards = table.column("reward").to_pylist()
+    keep = [i for i, r in enumerate(rewards) if r is not None and r >= min_reward]
+    if not keep:
+        raise InputError(f"no row has reward >= {min_reward}", column="reward", hint="lower --min-reward")
+    return table.take(keep)
+
+
+# --- examples -------------------------------------------------------------------------------------
+
+def build_examples(table, tok) -> tuple[dict, str]:
+    """{"input_ids", "completion_mask"} per row, and which source the tokens came from."""
+    from atomcli import models, schema
+    token_cols = all(c in table.column_names for c in ("prompt_ids", "completion_ids", "loss_mask"))
+    rec = schema.token_source(table) if token_cols else None
+    if rec is not None and rec.get("tokenizer") == models.tokenizer_id(tok):
+        prompts, comps, masks = (table.column(c).to_pylist() for c in ("prompt_ids", "completion_ids", "loss_mask"))
+        ids, cm = [], []
+        for i, (p, c, m) in enumerate(zip(prompts, comps, masks)):
+            if p is None or c is None or m is None or len(c) != len(m):
+                raise InputError("token columns are missing or misaligned", row=i, column="loss_mask",
+                                 hint="loss_mask must have one entry per completion token")
+            ids.append(list(p) + list(c))
+            cm.append([0] * len(p) + [int(x) for x in m])
+        return {"input_ids": ids, "completion_mask": cm}, "token columns"
+    ids, cm = [], []
+    for i, messages in enumerate(table.column("messages").to_pylist()):
+        try:
+            a, b = render_masked(messages or [], tok)
+        except InputError as e:
+            raise e.located(row=i) from None
+        ids.append(a)
+        cm.append(b)
+    return {"input_ids": ids, "completion_mask": cm}, "chat template"
+
+
+def render_masked(messages: list[dict], tok) -> tuple[list[int], list[int]]:
+    """Token ids of the chat rendering and a mask that is 1 exactly on assistant-generated tokens."""
+    msgs = [{"role": m.get("role") or "", "content": m.get("content") or ""} for m in messages]
+    segments: list[tuple[str, int]] = []
+    prev = ""
+    for k, m in enumerate(msgs):
+        full = _render(tok, msgs[:k + 1], False)
+        if m["role"] == "assistant":
+            head = _render(tok, msgs[:k], True)
+            if not (head.startswith(prev) and full.startswith(head)):
+                raise _not_incremental()
+            body = full[len(head):]
+            generated = body.rstrip()  # content + end-of-turn token; the trailing newline is template glue
+            segments += [(head[len(prev):], 0), (generated, 1), (body[len(generated):], 0)]
+        else:
+            if not full.startswith(prev):
+                raise _not_incremental()
+            segments.append((full[len(prev):], 0))
+        prev = full
+    ids, mask = [], []
+    for text, trained in segments:
+        if text:
+            piece = tok(text, add_special_tokens=False)["input_ids"]
+            ids += piece
+            mask += [trained] * len(piece)
+    return ids, mask
+
+
+def _render(tok, msgs: list[dict], generation_prompt: bool) -> str:
+    if not msgs:
+        return ""
+    try:
+        return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
+    except Exception as e:  # template errors (unknown roles, missing template) are input problems
+        raise InputError(f"the chat template cannot render these messages ({str(e).splitlines()[0][:120]})",
+                         column="messages", hint="roles must be system, user, assistant or tool") from None
+
+
+def _not_incremental() -> InputError:
+    return InputError("the chat template rewrites earlier turns, so assistant tokens cannot be located",
+                      column="messages", hint="provide token columns (prompt_ids, completion_ids, loss_mask) "
+                      "made with this model's tokenizer")
+
+
+# --- TRL ------------------------------------------------------------------------------------------
+
+def _trainer(model, tok, examples: dict, config: SFTConfig):
+    import torch
+    from datasets import Dataset
+    from trl import SFTConfig as TRLSFTConfig
+    from trl import SFTTrainer
+
+    out_dir = tempfile.mkdtemp(prefix="atom-sft-")
+    args = TRLSFTConfig(
+        output_dir=out_dir, completion_only_loss=True, use_cpu=not torch.cuda.is_available(), bf16=False,
+        fp16=False, per_device_train_batch_size=config.batch_size, gradient_accumulation_steps=config.grad_accum,
+        num_train_epochs=config.epochs, max_steps=config.max_steps or -1, learning_rate=config.lr,
+        lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup_ratio,  # a float < 1 is a ratio
+        seed=config.seed,
+        max_length=config.max_length, gradient_checkpointing=config.gradient_checkpointing,
+        report_to="none", disable_tqdm=True, logging_steps=1, save_strategy="no", dataloader_num_workers=0,
+    )
+    peft_config = None
+    if config.lora:
+        from peft import LoraConfig
+        peft_config = LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r, lora_dropout=0.0,
+                                 target_modules="all-linear", task_type="CAUSAL_LM")
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict(examples), processing_class=tok,
+                         peft_config=peft_config)
+    return trainer, out_dir

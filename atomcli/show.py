@@ -12,8 +12,8 @@ stderr (`--html -` prints the page). Model text is untrusted: the terminal view 
 interprets it as rich markup, and the HTML page escapes all of it (inline CSS, no scripts,
 no external assets).
 
-Scores are shown on their own scale; colours use score/10 when any score in the table is
-above 1 (the 0-10 judge scale of DESIGN.md §5), else the score itself.
+Scores are shown as stored; colours use score/10 (score-rrm's integer 0-10 scale, DESIGN.md
+§5), unless every score in the table is a fraction in [0, 1] (a third-party scorer's scale).
 """
 
 from __future__ import annotations
@@ -119,8 +119,10 @@ def _scored_thoughts(items) -> dict:
 
 
 def _score_scale(records: list[dict]) -> float:
-    scores = [t.get("score") for r in records for t in (r.get("atomic_thoughts") or []) if t]
-    return 10.0 if any(s is not None and s > 1 for s in scores) else 1.0
+    """10 (score-rrm's integer 0-10 scale), unless every score is a fraction in [0, 1]."""
+    scores = [t["score"] for r in records for t in (r.get("atomic_thoughts") or []) if t and t.get("score") is not None]
+    fractional = bool(scores) and all(0 <= s <= 1 for s in scores) and any(s != int(s) for s in scores)
+    return 1.0 if fractional else 10.0
 
 
 def _unit(score, scale: float) -> float | None:
@@ -262,7 +264,9 @@ def _view_html(v: dict) -> str:
 def to_html(views: list[dict], title: str = "atom show") -> str:
     legend = "".join('<span style="background:rgba({},{},{},0.25)">{}</span>'.format(*_rgb(u), f"{u:.1f}")
                      for u in (0.0, 0.25, 0.5, 0.75, 1.0))
+    # the CSP forbids scripts and any fetch even if something slipped past escaping
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
             f"<title>{_e(title)}</title><style>{CSS}</style></head><body>"
             f"<h1>{_e(title)}</h1><div class=\"legend\">atomic-thought score (scaled to 0-1): {legend}</div>\n"
             + "\n".join(_view_html(v) for v in views) + "\n</body></html>\n")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import random
 import resource
 import statistics
@@ -27,11 +28,11 @@ import orjson
 from atomcli import search_local
 
 
-def make_corpus(path: Path, n: int, rng: random.Random, vocab: list[str], weights: list[float]) -> list[list[str]]:
+def make_corpus(path: Path, n: int, rng: random.Random, vocab: list[str], cum: list[float]) -> list[list[str]]:
     docs = []
     with open(path, "wb") as f:
         for i in range(n):
-            words = rng.choices(vocab, weights, k=rng.randint(40, 60))
+            words = rng.choices(vocab, cum_weights=cum, k=rng.randint(40, 60))
             docs.append(words)
             f.write(orjson.dumps({"id": f"d{i}", "title": " ".join(words[:3]).title(),
                                   "contents": " ".join(words)}) + b"\n")
@@ -80,7 +81,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     vocab = sorted({"".join(rng.choice("bcdfghklmnprstvz") + rng.choice("aeiou") for _ in range(rng.randint(2, 4)))
                     for _ in range(30000)})
-    weights = [1 / (r + 10) for r in range(len(vocab))]
+    cum = list(itertools.accumulate(1 / (r + 10) for r in range(len(vocab))))  # Zipf-like
     have_bm25s = importlib.util.find_spec("bm25s") is not None
     if not have_bm25s:
         print("bm25s is not installed: FTS5 only (pip install bm25s to compare)", file=sys.stderr)
@@ -88,7 +89,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
             corpus, index = Path(tmp) / f"c{n}.jsonl", Path(tmp) / f"i{n}.sqlite"
-            docs = make_corpus(corpus, n, rng, vocab, weights)
+            docs = make_corpus(corpus, n, rng, vocab, cum)
             queries = make_queries(docs, args.queries, rng)
             t0 = time.perf_counter()
             search_local.build_index(str(corpus), str(index))

@@ -63,6 +63,7 @@ class FakeOpenAI:
         self._lock = threading.Lock()
         self._calls = 0
         self._httpd: ThreadingHTTPServer | None = None
+        self._port: int | None = None  # kept after stop(): a test may want a dead address
         self._thread: threading.Thread | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -85,6 +86,7 @@ class FakeOpenAI:
         httpd.daemon_threads = True
         httpd.block_on_close = False
         self._httpd = httpd
+        self._port = httpd.server_address[1]
         self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True, name="fake-openai")
         self._thread.start()
@@ -97,8 +99,8 @@ class FakeOpenAI:
 
     @property
     def port(self) -> int:
-        assert self._httpd is not None, "server not started"
-        return self._httpd.server_address[1]
+        assert self._port is not None, "server not started"
+        return self._port
 
     @property
     def base_url(self) -> str:

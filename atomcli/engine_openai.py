@@ -1,0 +1,231 @@
+"""The rollout engine for OpenAI-compatible servers (`--model openai:BASE_URL#MODEL`).
+
+Same contract as the in-process engine (`atomcli.engine_hf`): one assistant turn per request,
+exact ids and their log-probs back. The rollout keeps control of the chat template: it
+renders and tokenizes with a *local* tokenizer of the served model (`--tokenizer`, default
+the model name after `#`) and sends `POST BASE_URL/completions` (not chat completions) with
+the context as token ids (`--no-prompt-ids`: as text), so the server continues exactly the
+tokens the table records. Requests run `concurrency` at a time (stdlib HTTP, no client
+library), with the stop strings, a per-request seed and `logprobs: 1`.
+
+Token ids come back exactly when the server supports vLLM's `return_tokens_as_token_ids`
+(tokens arrive as `token_id:N`; SGLang and vLLM also take token-id prompts). A server that
+only returns text is handled by re-tokenizing the text locally: the provenance then says
+`tokens: "retokenized"`, and a log-prob the server's tokens cannot be aligned with is NaN
+(loud, never a made-up number), so `grpo-step` must recompute old log-probs for such tables.
+vLLM reports log-probs of the raw model distribution (before temperature/top-p), the same
+definition the in-process engine records.
+
+Faults: timeouts, connection errors, HTTP 429 and 5xx are retried (`retries` attempts in all,
+exponential backoff with jitter, Retry-After honoured); when they persist the run stops with a
+clear error (the policy server is down: completed groups are kept for `--resume`). Any other
+HTTP error concerns one request (e.g. a prompt longer than the server's context) and ends
+that trajectory with `finish_reason = error`. The API key, if any, is read from
+OPENAI_API_KEY and never logged or stored.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from atomcli import retry
+from atomcli.engine_hf import GenRequest, GenResult
+from atomcli.errors import InputError
+
+NAN = float("nan")
+
+
+class EngineError(RuntimeError):
+    """The policy server failed past its retries; the rollout cannot go on."""
+
+
+class RequestError(Exception):
+    """A permanent failure of one request (its trajectory ends with `error`)."""
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """`openai:BASE_URL#MODEL` -> (completions url, model)."""
+    arg = spec[len("openai:"):] if spec.startswith("openai:") else spec
+    base_url, sep, model = arg.rpartition("#")
+    parts = urllib.parse.urlsplit(base_url)
+    if not sep or not model.strip():
+        raise InputError(f"model SPEC `{spec}` needs a model name", hint="openai:http://HOST:PORT/v1#MODEL")
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InputError(f"model base url `{base_url}` is not an http(s) url", hint="openai:http://HOST:PORT/v1#MODEL")
+    return base_url.rstrip("/") + "/completions", model.strip()
+
+
+def load_tokenizer(spec: str, context):
+    from transformers import AutoTokenizer
+
+    from atomcli import models
+    path = models.resolve(spec, context.home, context.log)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot load the tokenizer `{spec}` for the OpenAI engine ({str(e).splitlines()[0][:150]})",
+                         hint="pass --tokenizer: a local folder with the served model's tokenizer") from None
+
+
+def make(config, context) -> "OpenAIEngine":
+    url, model = parse_spec(config.model)
+    tok = load_tokenizer(config.tokenizer or model, context)
+    return OpenAIEngine(config.model, url, model, tok, concurrency=config.concurrency, timeout=config.timeout,
+                        retries=config.retries, prompt_ids=config.prompt_ids)
+
+
+class OpenAIEngine:
+    kind = "openai"
+    max_positions = None  # the server knows its own limit
+
+    def __init__(self, spec: str, url: str, model: str, tok, *, concurrency: int = 8, timeout: float = 120.0,
+                 retries: int = 4, prompt_ids: bool = True, backoff: float = 0.5):
+        self.name, self.url, self.model, self.tokenizer = spec, url, model, tok
+        self.concurrency, self.timeout, self.prompt_ids = max(1, concurrency), float(timeout), prompt_ids
+        self.policy = retry.RetryPolicy(attempts=max(1, int(retries)), base=backoff, cap=max(8.0, backoff))
+        self.eos = {i for i in (tok.eos_token_id,) if i is not None}
+        self._key = os.environ.get("OPENAI_API_KEY") or None
+        self._lock = threading.Lock()
+        self.retokenized = 0
+        self.generated_tokens = 0
+
+    def provenance(self) -> dict:
+        return {"engine": self.kind, "server": self.url, "prompt": "ids" if self.prompt_ids else "text",
+                "tokens": "retokenized" if self.retokenized else "exact"}
+
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        if not requests:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
+            return list(pool.map(self._one, requests))
+
+    def complete(self, prompts: list[str], max_new_tokens: int = 256) -> list[str]:
+        """Greedy replies to single-user-message prompts (the browse reader's interface)."""
+        tok = self.tokenizer
+        reqs = [GenRequest(tok(tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                        add_generation_prompt=True),
+                               add_special_tokens=False)["input_ids"], max_new_tokens, temperature=0.0)
+                for p in prompts]
+        return [tok.decode([i for i in r.ids if i not in self.eos], skip_special_tokens=True)
+                if r.stop != "error" else "" for r in self.generate(reqs)]
+
+    # --- one request ------------------------------------------------------------------------
+
+    def body(self, req: GenRequest) -> dict:
+        body = {"model": self.model,
+                "prompt": list(req.ids) if self.prompt_ids else self.tokenizer.decode(req.ids, skip_special_tokens=False),
+                "max_tokens": int(req.max_new_tokens), "temperature": float(req.temperature),
+                "top_p": float(req.top_p), "seed": int(req.seed) % (2**31 - 1), "n": 1, "stream": False,
+                "logprobs": 1,
+                # vLLM/SGLang extensions; servers that do not know them ignore them
+                "return_tokens_as_token_ids": True, "include_stop_str_in_output": True,
+                "skip_special_tokens": False, "spaces_between_special_tokens": False}
+        if req.stops:
+            body["stop"] = list(req.stops)
+        return body
+
+    def _one(self, req: GenRequest) -> GenResult:
+        if req.max_new_tokens <= 0:
+            return GenResult(stop="length")
+        data = json.dumps(self.body(req)).encode()
+        try:
+            obj = self.policy.call(self._post, data)
+            res = self.parse(obj, req)
+        except retry.ToolFault as e:
+            raise EngineError(self._redact(f"policy server {self.url} failed after {self.policy.attempts} "
+                                           f"attempts: {e}")) from None
+        except RequestError as e:
+            return GenResult(stop="error", error=self._redact(str(e)))
+        with self._lock:
+            self.generated_tokens += len(res.ids)
+            self.retokenized += 0 if res.exact else 1
+        return res
+
+    def parse(self, obj, req: GenRequest) -> GenResult:
+        """A `text_completion` response -> the sampled ids, their log-probs and why it stopped."""
+        try:
+            choice = obj["choices"][0]
+            text = choice.get("text") or ""
+        except (KeyError, IndexError, TypeError, AttributeError):
+            raise RequestError(f"response is not a text completion: {str(obj)[:200]}") from None
+        lp = choice.get("logprobs") or {}
+        tokens = lp.get("tokens") if isinstance(lp, dict) else None
+        values = lp.get("token_logprobs") if isinstance(lp, dict) else None
+        exact = bool(tokens) and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens)
+        if exact:
+            ids = [int(t[len("token_id:"):]) for t in tokens]
+        else:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        if isinstance(values, list) and len(values) == len(ids):
+            logprobs = [float(v) if isinstance(v, (int, float)) else NAN for v in values]
+        else:
+            logprobs = [NAN] * len(ids)
+        res = GenResult(ids, logprobs, exact=exact)
+        finish = choice.get("finish_reason")
+        if finish == "length":
+            res.stop = "length"
+        elif ids and ids[-1] in self.eos:
+            res.stop = "eos"
+        elif any(s in text for s in req.stops):
+            res.stop = "stop"
+        else:
+            res.stop = "stop"
+            hit = choice.get("stop_reason")
+            if isinstance(hit, str) and hit in req.stops:
+                # the server cut the stop string off the text: its tokens were sampled but not
+                # returned, so add them re-tokenized (log-prob unknown)
+                extra = self.tokenizer(hit, add_special_tokens=False)["input_ids"]
+                res.ids += extra
+                res.logprobs += [NAN] * len(extra)
+                res.exact = False
+            # else the server ended the turn at an end-of-sequence token it did not return:
+            # the chat template's turn end is added as glue (mask 0)
+        return res
+
+    def _post(self, data: bytes) -> dict:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._key:
+            headers["Authorization"] = f"Bearer {self._key}"
+        req = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as e:
+            detail = _error_detail(e)
+            if e.code == 429 or e.code >= 500:
+                raise retry.ToolFault(f"HTTP {e.code}: {detail}", status=e.code,
+                                      retry_after=retry.parse_retry_after(e.headers.get("Retry-After"))) from None
+            raise RequestError(f"HTTP {e.code} from policy server: {detail}") from None
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, (TimeoutError, socket.timeout)):
+                raise retry.ToolFault(f"timed out after {self.timeout:g} s") from None
+            raise retry.ToolFault(f"cannot reach {self.url}: {e.reason}") from None
+        except (TimeoutError, socket.timeout):
+            raise retry.ToolFault(f"timed out after {self.timeout:g} s") from None
+        except (ConnectionError, http.client.HTTPException, OSError) as e:
+            raise retry.ToolFault(f"connection failed: {type(e).__name__}: {e}") from None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise RequestError(f"response is not JSON: {raw[:200]!r}") from None
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._key, "***") if self._key else text
+
+
+def _error_detail(e: urllib.error.HTTPError) -> str:
+    try:
+        obj = json.loads(e.read(2000))
+        err = obj.get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        return str(msg or obj)[:200]
+    except Exception:  # any body at all: the status code alone says enough
+        return str(e.reason)[:200]
