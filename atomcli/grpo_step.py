@@ -364,7 +364,7 @@ def run(table, config: GRPOConfig, context):
         raise RuntimeError("ranks read different tables (sampled-token counts disagree)")
 
     t0 = time.perf_counter()
-    _prepare_for_training(model, config)
+    prepare_for_training(model, config)
     if config.beta > 0:
         if policy["ref_is_adapterless"]:
             fill_ref_logprobs(model, mbs, config, disable_adapter=True)
@@ -379,7 +379,7 @@ def run(table, config: GRPOConfig, context):
 
     optimizer = make_optimizer(model, config, policy["optimizer_state"], source=config.model)
     updates = [grpo_update(model, optimizer, mbs, config, world) for _ in range(config.epochs)]
-    _finish_training(model, config)
+    finish_training(model, config)
 
     metrics = {**updates[0], "ref_seconds": ref_seconds, "step": policy["step"], "n_trajectories": batch.n_rows,
                "lr": config.lr, "world_size": world.size, "peak_rss_mb": _peak_rss_mb(), **batch.stats}
@@ -483,7 +483,7 @@ def _check_tokens(table, batch: Batch, model, tok, log, config_temperature: floa
             break
 
 
-def _prepare_for_training(model, config: GRPOConfig) -> None:
+def prepare_for_training(model, config: GRPOConfig) -> None:
     import torch
     # train mode so gradient checkpointing engages; dropout off so the first ratio is exactly 1
     model.train()
@@ -497,7 +497,7 @@ def _prepare_for_training(model, config: GRPOConfig) -> None:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def _finish_training(model, config: GRPOConfig) -> None:
+def finish_training(model, config: GRPOConfig) -> None:
     if config.gradient_checkpointing:
         (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
     model.eval()

@@ -26,10 +26,10 @@ class SearchBackend(Protocol):
 
 
 class Judge(Protocol):
-    """Scores numbered atomic thoughts; see atomcli.judges."""
+    """One reply per prompt, in order: the text, or a `judges.JudgeError` returned in its place."""
     name: str
 
-    def complete(self, prompts: list[str]) -> list[str]:
+    def complete(self, prompts: list[str]) -> list:  # list[str | JudgeError]; see atomcli.judges
         ...
 
 

@@ -472,7 +472,8 @@ def _loop(agent: Agent, engine, toolbox, episodes, questions, config, monitor, t
 
 def rows_table(table, episodes: list[Episode], policy: str):
     """The input rows (repeated per sample) with the rollout columns set."""
-    sub = table.take([ep.row for ep in episodes])
+    import pyarrow as pa
+    sub = table.take(pa.array([ep.row for ep in episodes], type=pa.int64()))
     search = {"web_search": "n_search", "browse_webpage": "n_browse"}
     counts = [{v: sum(1 for c in ep.tool_calls if c["name"] == k) for k, v in search.items()} for ep in episodes]
     values = {

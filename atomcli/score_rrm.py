@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import dataclass
 
@@ -50,7 +51,7 @@ class ScoreConfig:
     api_key_env: str = opt("OPENAI_API_KEY", "environment variable holding the judge's API key")
     batch_size: int = opt(8, "prompts per batch for hf: judges")
     max_new_tokens: int = opt(256, "tokens the judge may write")
-    obs_chars: int = opt(1500, "characters of each observation shown to the judge (longer ones are cut)")
+    obs_chars: int = opt(1500, "characters of each observation shown to the judge; longer ones are cut (0 = all)")
 
 
 # --- what the judge sees -----------------------------------------------------------------------
@@ -101,11 +102,14 @@ INSTRUCTIONS = """You are a reasoning reward model. An AI research agent answere
 
 Score every thought from 0 to 10: 10 = correct, grounded in what the agent had observed when it wrote it, and useful for the next step; 0 = wrong, made up, or useless. Judge each thought only by the question and what the agent had seen at that point."""
 
+# The example is not valid JSON on purpose: a judge that echoes it must not be read as scoring.
 TASK = ("There are {n} thoughts. Reply with only a JSON list of {n} integers from 0 to 10, one per thought, "
-        "in order, for example [7, 2, 9].")
+        "in order: [score of thought 1, score of thought 2, ...].")
 RETRY_REMINDER = ("\n\nYour previous reply could not be read. Reply with only a JSON list of exactly {n} "
                   "integers from 0 to 10, nothing else.")
 _INDENT = "    "
+# Thought headers carry no brackets: a judge that echoes "[1]" must not look like it scored.
+_THOUGHT_RE = re.compile(r"THOUGHT \d+ \((.*)\)")
 
 
 def _block(text: str) -> list[str]:
@@ -121,7 +125,7 @@ def render_prompt(question: str, steps: list[Step], obs_chars: int = 1500) -> st
         lines.append(f"### TURN {k}")
         for tag, text in step.thoughts:
             n += 1
-            lines += [f"[{n}] {tag}", *_block(text)]
+            lines += [f"THOUGHT {n} ({tag})", *_block(text)]
         lines += ["ACTION", *_block(step.action)]
         if step.observation is not None:
             obs = step.observation
@@ -157,9 +161,9 @@ def parse_prompt(prompt: str) -> tuple[str, list[Step]] | None:
             drafts.append({"thoughts": [], "action": [], "result": None})
         elif not drafts:
             return None
-        elif line.startswith("[") and "] " in line:
+        elif _THOUGHT_RE.fullmatch(line):
             target = []
-            drafts[-1]["thoughts"].append((line.split("] ", 1)[1], target))
+            drafts[-1]["thoughts"].append((_THOUGHT_RE.fullmatch(line).group(1), target))
         elif line == "ACTION":
             target = drafts[-1]["action"] = []
         elif line == "RESULT":

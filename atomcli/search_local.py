@@ -45,8 +45,11 @@ BATCH = 5000
 
 # Dropped from queries (unless nothing else is left) because an OR over terms that occur in
 # nearly every document makes FTS5 score the whole corpus: slow, and no help to the ranking.
-STOPWORDS = frozenset("""a an and are as at be by did do does for from had has have he her his how i in is it its
-of on or she that the their them they this to was were what when where which who whom whose why will with""".split())
+STOPWORDS = frozenset("""a about after all also an and any are as at be been before being between both but by can
+could did do does during each for from had has have he her hers him his how i if in into is it its me more most my no
+nor not of on once only or other our out over own same she should so some such than that the their them then there
+these they this those through to too under until up very was we were what when where which while who whom whose why
+will with would you your""".split())
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

@@ -103,10 +103,12 @@ def test_steps_pair_thoughts_with_actions_and_observations():
 def test_prompt_numbers_thoughts_and_never_shows_the_golden_answer():
     steps = trajectory_steps(traj_two_turns())
     prompt = render_prompt(QUESTION, steps)
-    assert "[1] PLAN" in prompt and "[2] RISK_ANALYSIS" in prompt and "[3] OBSERVATION" in prompt
+    assert "THOUGHT 1 (PLAN)" in prompt and "THOUGHT 2 (RISK_ANALYSIS)" in prompt
+    assert "THOUGHT 3 (OBSERVATION)" in prompt
     assert "There are 3 thoughts" in prompt and "JSON list" in prompt
     assert "golden" not in prompt.lower()
-    assert prompt.index("Zorbia was founded by Anna Kell") > prompt.index("[2] RISK_ANALYSIS")
+    assert prompt.index("Zorbia was founded by Anna Kell") > prompt.index("THOUGHT 2 (RISK_ANALYSIS)")
+    assert parse_scores(prompt, 3) is None  # nothing in the prompt itself reads as an answer
     assert parse_prompt(prompt) == (QUESTION, steps)
 
 
@@ -116,7 +118,9 @@ def test_long_observations_are_cut():
     assert "x" * 100 in prompt and "x" * 101 not in prompt and "[cut]" in prompt
 
 
-texts = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40)
+texts = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40) | st.lists(
+    st.sampled_from(["### TASK", "### TURN 3", "THOUGHT 9 (X)", "ACTION", "RESULT", "", "    ", "x", "\r"]),
+    max_size=6).map("\n".join)
 
 
 @settings(max_examples=150, deadline=None)
@@ -124,7 +128,7 @@ texts = st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=40
     Step, st.lists(st.tuples(st.from_regex(r"[A-Z][A-Z0-9_]{0,8}", fullmatch=True), texts), max_size=4),
     texts, st.none() | texts), max_size=4))
 def test_prompt_round_trips_whatever_the_text(question, steps):
-    # thought text full of "### TASK", "[9] X" or blank lines must not confuse the reader
+    # thought text full of "### TASK", "THOUGHT 9 (X)" or blank lines must not confuse the reader
     assert parse_prompt(render_prompt(question, steps, obs_chars=0)) == (question, steps)
 
 
@@ -289,6 +293,7 @@ def test_cli_with_the_tiny_model_records_judge_errors(tmp_path, tiny_model):
     assert b"judge errors 2" in proc.stderr
 
 
+@pytest.mark.slow  # ~10 s on an idle 2-core machine, over 2 minutes on a busy one
 def test_cli_with_smollm2_runs_offline(tmp_path):
     src = tmp_path / "rollouts.parquet"
     _write(rollout_table([traj_two_turns(), traj_bare_think()]), src)

@@ -1,0 +1,195 @@
+"""aggregate-reward: the reward formula on hand-computed rows, schedules, advantages, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import atom
+
+from atomcli import schema
+from atomcli.aggregate_reward import AggregateConfig, advantages, alpha, run
+from atomcli.context import Context
+from atomcli.errors import InputError
+
+CTX = Context(quiet=True)
+
+
+def table(rows: list[dict], *, with_atr: bool = True) -> pa.Table:
+    cols = {
+        "golden_answers": [r.get("golden", ["Paris"]) for r in rows],
+        "group_id": [r["group"] for r in rows],
+        "messages": [[{"role": "assistant", "content": "<think>x</think><answer>a</answer>"}] for _ in rows],
+        "answer": [r.get("answer") for r in rows],
+        "format_ok": [r.get("ok", True) for r in rows],
+    }
+    if with_atr:
+        cols["atr"] = [r.get("atr") for r in rows]
+        cols["rrm_error"] = [r.get("err") for r in rows]
+    cols["note"] = [f"row {i}" for i in range(len(rows))]
+    return pa.table({k: schema.array(k, v) for k, v in cols.items()})
+
+
+# group g1 at T=2 of 10, linear: alpha = 0.5 * (1 - 2/10) = 0.4
+G1 = [
+    {"group": "g1", "answer": "Paris", "atr": 0.8},                       # f1 1 -> 0.4*0.8 + 0.6*1 = 0.92
+    {"group": "g1", "answer": "Lyon", "atr": 0.5},                        # f1 0 -> 0.4*0.5 = 0.2
+    {"group": "g1", "answer": "Paris", "atr": 0.9, "ok": False},          # ill formed -> -1
+    {"group": "g1", "answer": "Paris, France", "atr": None, "err": "HTTP 500"},  # judge failed -> f1 = 2/3
+]
+# population std of [0.92, 0.2, -1, 2/3] around 0.196667: sqrt(2.176133 / 4) = 0.737586
+G1_REWARD = [0.92, 0.2, -1.0, 2 / 3]
+G1_ADV = [0.723333 / 0.737587, 0.003333 / 0.737587, -1.196667 / 0.737587, 0.47 / 0.737587]
+
+
+def test_reward_and_advantage_on_hand_computed_rows():
+    out = run(table(G1), AggregateConfig(step=2, total_steps=10), CTX).to_pylist()
+    assert [r["alpha"] for r in out] == pytest.approx([0.4] * 4)
+    assert [r["f1"] for r in out] == pytest.approx([1.0, 0.0, 1.0, 2 / 3])
+    assert [r["em"] for r in out] == [1.0, 0.0, 1.0, 0.0]
+    assert [r["format_penalty"] for r in out] == [0.0, 0.0, -1.0, 0.0]
+    assert [r["reward"] for r in out] == pytest.approx(G1_REWARD)
+    assert [r["advantage"] for r in out] == pytest.approx(G1_ADV, rel=1e-4)
+
+
+def test_reward_literals_at_three_steps():
+    rows = [{"group": "g", "answer": "Paris Texas", "atr": 0.8}, {"group": "g", "answer": "Rome", "atr": 0.5}]
+    got = [[r["reward"] for r in run(table(rows), AggregateConfig(step=t, total_steps=10), CTX).to_pylist()]
+           for t in (0, 5, 10)]
+    # T=0: .5*.8 + .5*2/3 = 0.733333, .5*.5 = 0.25 ; T=5: .25*.8 + .75*2/3 = 0.7, .125 ; T=10: 2/3, 0
+    assert got == [pytest.approx([0.733333, 0.25], rel=1e-5), pytest.approx([0.7, 0.125], rel=1e-5),
+                   pytest.approx([0.666667, 0.0], rel=1e-5)]
+
+
+@pytest.mark.parametrize("schedule, step, want", [
+    ("linear", 0, 0.5), ("linear", 5, 0.25), ("linear", 10, 0.0),
+    ("cosine", 0, 0.5), ("cosine", 5, 0.25), ("cosine", 10, 0.0), ("cosine", 2, 0.25 * (1 + math.cos(math.pi / 5))),
+    ("constant", 7, 0.5), ("none", 0, 0.0),
+])
+def test_schedules(schedule, step, want):
+    assert alpha(AggregateConfig(step=step, total_steps=10, schedule=schedule)) == pytest.approx(want)
+
+
+def test_cosine_literal():
+    # 0.5 * 0.5 * (1 + cos(pi * 0.25)) = 0.25 * 1.7071068
+    assert alpha(AggregateConfig(step=1, total_steps=4, schedule="cosine")) == pytest.approx(0.4267767)
+
+
+def test_alpha0_scales_every_schedule():
+    assert alpha(AggregateConfig(step=5, total_steps=10, alpha0=0.8)) == pytest.approx(0.4)
+    assert alpha(AggregateConfig(step=3, total_steps=10, alpha0=0.3, schedule="constant")) == pytest.approx(0.3)
+
+
+def test_zero_variance_group_and_group_of_one_get_zero_advantage():
+    rows = [{"group": "flat", "answer": "Rome", "atr": 0.5}, {"group": "flat", "answer": "Rome", "atr": 0.5},
+            {"group": "alone", "answer": "Paris", "atr": 1.0}]
+    out = run(table(rows), AggregateConfig(step=0, total_steps=10), CTX).to_pylist()
+    assert [r["reward"] for r in out] == pytest.approx([0.25, 0.25, 1.0])
+    assert [r["advantage"] for r in out] == [0.0, 0.0, 0.0]
+
+
+def test_std_is_the_population_std():
+    # rewards [0, 1]: population std 0.5 -> advantages -1, 1 (torch.std's unbiased 0.707 would give +-0.707)
+    assert advantages([0.0, 1.0], ["g", "g"]) == pytest.approx([-1.0, 1.0], rel=1e-5)
+
+
+def test_no_std_is_dr_grpo():
+    out = run(table(G1), AggregateConfig(step=2, total_steps=10, no_std=True), CTX).to_pylist()
+    assert [r["advantage"] for r in out] == pytest.approx([0.723333, 0.003333, -1.196667, 0.47], abs=1e-5)
+
+
+def test_groups_are_independent_of_row_order():
+    rows = [{"group": "a", "answer": "Paris", "atr": 0.0}, {"group": "b", "answer": "Rome", "atr": 1.0},
+            {"group": "a", "answer": "Rome", "atr": 0.0}, {"group": "b", "answer": "Rome", "atr": 0.0}]
+    out = run(table(rows), AggregateConfig(step=10, total_steps=10), CTX).to_pylist()
+    # a: rewards f1 [1, 0] -> +-1 ; b: [0, 0] (alpha 0 at the end) -> 0
+    assert [r["advantage"] for r in out] == pytest.approx([1.0, 0.0, -1.0, 0.0], abs=1e-5)
+
+
+def test_no_atr_is_pure_outcome_and_needs_no_score_columns():
+    t = table(G1, with_atr=False)
+    out = run(t, AggregateConfig(step=2, total_steps=10, no_atr=True), CTX).to_pylist()
+    assert [r["reward"] for r in out] == pytest.approx([1.0, 0.0, -1.0, 2 / 3])
+    assert {r["alpha"] for r in out} == {0.0}
+
+
+def test_set_f1_variant():
+    rows = [{"group": "g", "answer": "the the Paris", "atr": 0.0, "golden": ["Paris"]}]
+    token = run(table(rows), AggregateConfig(step=10, total_steps=10), CTX).column("f1")[0].as_py()
+    sets = run(table(rows), AggregateConfig(step=10, total_steps=10, f1="set"), CTX).column("f1")[0].as_py()
+    assert token == 1.0  # articles dropped
+    assert sets == pytest.approx(2 / 3)  # {the, paris} vs {paris}
+
+
+def test_other_columns_pass_through_and_rerun_replaces_in_place():
+    t = table(G1)
+    once = run(t, AggregateConfig(step=2, total_steps=10), CTX)
+    twice = run(once, AggregateConfig(step=2, total_steps=10), CTX)
+    assert once.column_names[:t.num_columns] == t.column_names
+    for name in t.column_names:
+        assert once.column(name).equals(t.column(name))
+    assert twice.column_names == once.column_names and twice.equals(once)
+
+
+@pytest.mark.parametrize("cfg", [
+    AggregateConfig(step=-1, total_steps=10), AggregateConfig(step=0, total_steps=0),
+    AggregateConfig(step=11, total_steps=10), AggregateConfig(schedule="exp"),
+    AggregateConfig(alpha0=1.5), AggregateConfig(alpha0=float("nan")), AggregateConfig(f1="bag"),
+])
+def test_bad_options_are_input_errors(cfg):
+    with pytest.raises(InputError):
+        run(table(G1), cfg, CTX)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1.5, -0.1])
+def test_bad_atr_is_an_input_error_naming_the_row(bad):
+    rows = [dict(G1[0]), {**G1[1], "atr": bad}]
+    with pytest.raises(InputError) as e:
+        run(table(rows), AggregateConfig(step=0, total_steps=10), CTX)
+    assert e.value.row == 1 and e.value.column == "atr"
+
+
+# --- command line ------------------------------------------------------------------------------------
+
+def test_cli_missing_column_exits_2_naming_the_stage():
+    proc = atom("aggregate-reward", "-", "--out", "-", "--step", "0", "--total-steps", "10",
+                input='{"id":"q1","question":"x","golden_answers":["y"]}\n')
+    assert proc.returncode == 2
+    assert proc.stdout == b""
+    err = proc.stderr.decode()
+    assert "`group_id`" in err and "atom rollout" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_missing_atr_names_score_rrm_unless_no_atr(tmp_path):
+    src = tmp_path / "rollouts.parquet"
+    pq.write_table(table(G1, with_atr=False), src)
+    proc = atom("aggregate-reward", src, "--out", "-", "--step", "0", "--total-steps", "10")
+    assert proc.returncode == 2 and proc.stdout == b"" and b"atom score-rrm" in proc.stderr
+    proc = atom("aggregate-reward", src, "--out", "-", "--format", "jsonl", "--step", "0", "--total-steps", "10",
+                "--no-atr", check=True)
+    assert [json.loads(line)["reward"] for line in proc.stdout.splitlines()] == pytest.approx([1, 0, -1, 2 / 3])
+
+
+def test_cli_end_to_end_with_summary(tmp_path):
+    src, dst = tmp_path / "scored.parquet", tmp_path / "rewarded.parquet"
+    pq.write_table(table(G1 + [{"group": "solo", "answer": "Paris", "atr": 1.0}]), src)
+    proc = atom("aggregate-reward", src, "--out", dst, "--step", "2", "--total-steps", "10", check=True)
+    out = pq.read_table(dst)
+    assert out.column("reward").to_pylist()[:4] == pytest.approx(G1_REWARD)
+    assert schema.provenance(out)[-1]["stage"] == "aggregate-reward"
+    err = proc.stderr.decode()
+    assert "0.4000" in err                     # alpha
+    assert "1 (20.0%)" in err                  # format errors
+    assert "judge fallbacks" in err and "size 1" in err
+
+
+def test_cli_step_past_total_is_one_line_exit_2(tmp_path):
+    src = tmp_path / "scored.parquet"
+    pq.write_table(table(G1), src)
+    proc = atom("aggregate-reward", src, "--out", tmp_path / "x.parquet", "--step", "11", "--total-steps", "10")
+    assert proc.returncode == 2 and b"--step" in proc.stderr
+    assert not (tmp_path / "x.parquet").exists()

@@ -1,0 +1,452 @@
+"""The rollout stage: exact token columns, masks around real tool responses, episode endings,
+seeds, resume and shards.
+
+Every trajectory is checked against the contract (`check_row`): equal column lengths,
+decode(prompt_ids + completion_ids) == the chat rendering of `messages`, one mask-1 run per
+assistant turn whose text is that turn, tool responses only under mask 0, and old_logprobs
+equal to a fresh (unbatched, uncached) forward pass of the same model within 1e-3.
+A random tiny model almost never writes a tool call, so `Scripted` (a test-only policy: the
+tiny model's logits plus a large bonus on the next token of a script) drives real tool calls
+through the real engine, agent and local search index.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from atomcli import agent_format, plugins, rollout, rollout_io, schema
+from atomcli.context import Context
+from atomcli.errors import InputError
+from conftest import atom
+
+CORPUS = [
+    {"id": "d1", "title": "Alice Smith", "contents": "Alice Smith was born in Paris in 1901. She was a painter."},
+    {"id": "d2", "title": "Bob Jones", "contents": "Bob Jones lives in Rome and writes novels."},
+    {"id": "d3", "title": "Carol White", "contents": "Carol White founded the Lyon observatory in 1950."},
+]
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    d = tmp_path_factory.mktemp("index")
+    (d / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in CORPUS))
+    atom("index", d / "corpus.jsonl", "--out", d / "idx.sqlite", check=True)
+    return d / "idx.sqlite"
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model):
+    ctx = Context(quiet=True)
+    model, tok = ctx.model(str(tiny_model))
+    return ctx, model, tok
+
+
+@plugins.register_search("fakesearch")
+def _fake_search(arg, context, **_):
+    class Backend:
+        name = "fakesearch"
+
+        def search(self, query, k):
+            return [{"title": f"About {query} {i}", "url": f"https://example.org/{i}", "snippet": "é snippet"}
+                    for i in range(k)]
+    return Backend()
+
+
+def questions(n: int) -> pa.Table:
+    return pa.table({"id": [f"q{i}" for i in range(n)],
+                     "question": [f"Where was person {i} born?" for i in range(n)],
+                     "golden_answers": [["Paris"]] * n, "data_source": ["test"] * n})
+
+
+def config(model, **kw) -> rollout.RolloutConfig:
+    base = dict(model=str(model), search="fakesearch", group_size=2, max_turns=2, max_new_tokens=8, k=2,
+                date="2026-01-01", batch_size=8, temperature=1.0)
+    return rollout.RolloutConfig(**{**base, **kw})
+
+
+# --- the contract checker -----------------------------------------------------------------------
+
+def runs(mask: list[int]) -> list[tuple[int, int, int]]:
+    """Maximal runs of equal mask values: (value, start, end)."""
+    out, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            out.append((mask[start], start, i))
+            start = i
+    return out
+
+
+def fresh_logprobs(model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
+
+
+def check_row(row: dict, model, tok) -> None:
+    p, c, m, lp = row["prompt_ids"], row["completion_ids"], row["loss_mask"], row["old_logprobs"]
+    assert len(c) == len(m) == len(lp) > 0
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    assert decode(p + c) == tok.apply_chat_template(row["messages"], tokenize=False)
+    # the prompt is system + user + the generation prompt
+    assert decode(p) == tok.apply_chat_template(row["messages"][:2], tokenize=False, add_generation_prompt=True)
+    # one sampled run per assistant turn, whose text is the turn (plus a sampled end-of-turn token)
+    assistants = [x["content"] for x in row["messages"] if x["role"] == "assistant"]
+    sampled = [(s, e) for v, s, e in runs(m) if v == 1]
+    assert len(sampled) == len(assistants) == row["n_turns"]
+    for (s, e), content in zip(sampled, assistants):
+        text = decode(c[s:e])
+        assert text == content or (c[e - 1] == tok.eos_token_id and text == content + tok.eos_token)
+    # tool responses arrive only under mask 0
+    glue = [decode(c[s:e]) for v, s, e in runs(m) if v == 0]
+    tools = [x["content"] for x in row["messages"] if x["role"] == "tool"]
+    assert all(t.startswith("<tool_response>") for t in tools)
+    joined = "\x00".join(glue)
+    for t in tools:
+        assert t in joined
+    # old_logprobs: a fresh forward pass on the whole sequence, 0.0 where not sampled
+    ref = fresh_logprobs(model, p + c)[len(p) - 1:]
+    got = torch.tensor(lp)
+    mask = torch.tensor(m, dtype=torch.bool)
+    assert torch.all(got[~mask] == 0)
+    assert torch.allclose(got[mask], ref[mask], atol=1e-3, rtol=0), (got[mask] - ref[mask]).abs().max()
+    assert row["format_ok"] == agent_format.trajectory_format_ok(row["messages"])
+    assert row["traj_id"] == f"{row['group_id']}/{row['sample_idx']}"
+
+
+# --- the scripted policy ------------------------------------------------------------------------
+
+class Scripted(torch.nn.Module):
+    """Test-only policy: the tiny model's logits plus `bonus` on the next token of a script.
+
+    Turn k (the k-th `<|im_start|>assistant\\n` in the sequence) is forced to `turns[k]`
+    followed by the end-of-sequence token. The bonus depends only on the token prefix, so a
+    fresh forward pass reproduces the sampling logits exactly, as for any real model."""
+
+    def __init__(self, inner, tok, turns: list[str], bonus: float = 40.0):
+        super().__init__()
+        self.inner, self.config, self.generation_config = inner, inner.config, inner.generation_config
+        self.turns = [tok(t, add_special_tokens=False)["input_ids"] for t in turns]
+        self.opening = tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+        self.eos, self.bonus = tok.eos_token_id, bonus
+
+    @property
+    def device(self):
+        return self.inner.device
+
+    def forced(self, seq: list[int]) -> list[int | None]:
+        """The forced next token after each prefix seq[:i+1]."""
+        out, k, start, n = [], 0, None, len(self.opening)
+        for i in range(len(seq)):
+            if seq[max(0, i - n + 1):i + 1] == self.opening:
+                k, start = k + 1, i + 1
+            if start is None:
+                out.append(None)
+                continue
+            turn = self.turns[k - 1] if k - 1 < len(self.turns) else []
+            j = i + 1 - start
+            out.append(turn[j] if j < len(turn) else self.eos)
+        return out
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None,
+                logits_to_keep=0, **kw):
+        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         cache=cache, use_cache=use_cache, logits_to_keep=logits_to_keep)
+        rows = input_ids.tolist()
+        if attention_mask is not None and input_ids.shape[1] > 1:
+            rows = [[t for t, a in zip(r, am) if a] for r, am in zip(rows, attention_mask.tolist())]
+        if cache is not None:
+            hist = getattr(cache, "script_history", None)
+            if hist is None:  # prefill: remember each row, and follow the engine's row selection
+                hist = cache.script_history = rows
+                select = cache.batch_select_indices
+
+                def select_too(idx, select=select):
+                    select(idx)
+                    cache.script_history = [cache.script_history[i] for i in idx.tolist()]
+                cache.batch_select_indices = select_too
+            else:
+                hist = cache.script_history = [h + r for h, r in zip(hist, rows)]
+        else:
+            hist = rows
+        logits = out.logits.clone()
+        kept = logits.shape[1]
+        for b, seq in enumerate(hist):
+            for pos, f in enumerate(self.forced(seq)[-kept:]):
+                if f is not None:
+                    logits[b, pos, f] += self.bonus
+        return SimpleNamespace(logits=logits)
+
+
+SCRIPT = [
+    '<think><PLAN>find Alice</PLAN></think>\n<tool_call>{"name": "web_search", "arguments": '
+    '{"query": ["Alice Smith"]}}</tool_call>',
+    '<think><REFLECTION>read the page</REFLECTION></think>\n<tool_call>{"name": "browse_webpage", '
+    '"arguments": {"url_list": ["local://doc/d1"], "query": "birthplace"}}</tool_call>',
+    '<think>oops</think><tool_call>{"name": "web_search", "arguments": {"query": [</tool_call>',
+    '<think>nothing to call</think>',
+    '<think><OBSERVATION>born in Paris</OBSERVATION></think>\n<answer>Paris</answer>',
+]
+
+
+def scripted_run(loaded, index, turns, **kw):
+    ctx, model, tok = loaded
+    spec = "scripted:" + str(len(ctx._cache))
+    policy = Scripted(model, tok, turns)
+    ctx.cached(("model", spec, ()), lambda: (policy, tok))  # what context.model(spec) will return
+    cfg = config(spec, **{"search": f"local:{index}", "group_size": 1, "max_turns": 6, "max_new_tokens": 64, **kw})
+    return rollout.run(questions(1), cfg, ctx), policy, tok
+
+
+def test_scripted_tool_calls_exact_tokens_and_masks(loaded, index):
+    table, policy, tok = scripted_run(loaded, index, SCRIPT)
+    row = table.to_pylist()[0]
+    check_row(row, policy, tok)
+    roles = [m["role"] for m in row["messages"]]
+    assert roles == ["system", "user"] + ["assistant", "tool"] * 4 + ["assistant"]
+    assert [m["content"] for m in row["messages"] if m["role"] == "assistant"] == SCRIPT
+    assert (row["finish_reason"], row["answer"], row["n_turns"]) == ("answer", "Paris", 5)
+    assert (row["n_search"], row["n_browse"]) == (1, 1)
+    calls = row["tool_calls"]
+    assert [(c["turn"], c["name"], c["ok"]) for c in calls] == [
+        (1, "web_search", True), (2, "browse_webpage", True), (3, "", False), (4, "", False)]
+    assert json.loads(calls[0]["arguments"]) == {"query": ["Alice Smith"]}
+    assert "invalid JSON" in calls[2]["error"] and calls[2]["arguments"].startswith('{"name"')
+    assert "without <tool_call>" in calls[3]["error"]
+    tools = [m["content"] for m in row["messages"] if m["role"] == "tool"]
+    assert "Alice Smith" in tools[0] and "local://doc/d1" in tools[0]
+    assert "born in Paris" in tools[1]
+    assert "Error:" in tools[2] and "Error:" in tools[3]
+    # the turn without an action ended with a sampled end-of-turn token: mask 1, kept in the ids
+    sampled = [(s, e) for v, s, e in runs(row["loss_mask"]) if v == 1]
+    s, e = sampled[3]
+    assert row["completion_ids"][e - 1] == tok.eos_token_id
+    # ... while the tool-call turns end exactly at the token that completes </tool_call>
+    for s, e in sampled[:3]:
+        assert tok.decode(row["completion_ids"][s:e]).endswith("</tool_call>")
+    # and the answer turn is closed by template glue (mask 0), as the template renders it
+    assert row["loss_mask"][-1] == 0 and row["format_ok"] is False
+
+
+def test_max_turns_does_not_run_the_last_call(loaded, index):
+    table, policy, tok = scripted_run(loaded, index, SCRIPT[:2], max_turns=2)
+    row = table.to_pylist()[0]
+    check_row(row, policy, tok)
+    assert row["finish_reason"] == "max_turns" and row["answer"] is None and row["n_turns"] == 2
+    assert [c["name"] for c in row["tool_calls"]] == ["web_search"]
+    assert row["messages"][-1]["role"] == "assistant"
+
+
+def test_context_cap_ends_with_length(loaded, index):
+    ctx, model, tok = loaded
+    prompt = len(tok(tok.apply_chat_template(
+        [{"role": "system", "content": agent_format.system_prompt("2026-01-01")},
+         {"role": "user", "content": agent_format.user_message("Where was person 0 born?")}],
+        tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"])
+    # the cap cuts the first turn
+    table, policy, tok = scripted_run(loaded, index, SCRIPT, max_context=prompt + 10)
+    row = table.to_pylist()[0]
+    check_row(row, policy, tok)
+    assert row["finish_reason"] == "length" and row["n_turns"] == 1 and sum(row["loss_mask"]) == 10
+    # the first turn fits, the tool response fills the rest: the conversation ends on the tool message
+    table, policy, tok = scripted_run(loaded, index, SCRIPT, max_context=prompt + 80)
+    row = table.to_pylist()[0]
+    check_row(row, policy, tok)
+    assert row["finish_reason"] == "length" and row["messages"][-1]["role"] == "tool"
+    assert len(row["prompt_ids"]) + len(row["completion_ids"]) >= prompt + 80 - 5
+
+
+# --- the random tiny model through the CLI ------------------------------------------------------
+
+def test_cli_rollout_eight_questions_group_four(tiny_model, index, loaded, tmp_path):
+    ctx, model, tok = loaded
+    qs = tmp_path / "q.jsonl"
+    qs.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Who is person {i}?",
+                                      "golden_answers": ["x"]}) + "\n" for i in range(8)))
+    out = tmp_path / "r.parquet"
+    proc = atom("rollout", qs, "--model", tiny_model, "--search", f"local:{index}", "--group-size", 4,
+                "--max-new-tokens", 10, "--max-turns", 2, "--date", "2026-01-01", "--out", out, check=True)
+    assert proc.stdout == b""
+    table = pq.read_table(out)
+    rows = table.to_pylist()
+    assert len(rows) == 32
+    assert [r["traj_id"] for r in rows] == [f"q{i}/{s}" for i in range(8) for s in range(4)]
+    for r in rows:
+        check_row(r, model, tok)
+        assert r["policy"] == str(tiny_model) and r["finish_reason"] in ("answer", "max_turns", "length")
+    # the table records which tokenizer its token columns belong to
+    rec = schema.token_source(table)
+    from atomcli import models
+    assert rec["stage"] == "rollout" and rec["tokenizer"] == models.tokenizer_id(tok)
+    assert rec["config"]["group_size"] == 4 and rec["engine"] == "hf" and rec["tokens"] == "exact"
+    assert not (tmp_path / ".r.parquet.partial").exists()
+
+
+def test_cli_bad_shard_is_a_usage_error(tiny_model, index, tmp_path):
+    qs = tmp_path / "q.jsonl"
+    qs.write_text(json.dumps({"id": "a", "question": "q?", "golden_answers": ["x"]}) + "\n")
+    proc = atom("rollout", qs, "--model", tiny_model, "--search", f"local:{index}", "--shard", "2/2",
+                "--out", tmp_path / "r.parquet")
+    assert proc.returncode == 2 and b"--shard" in proc.stderr
+    assert not (tmp_path / "r.parquet").exists()
+
+
+# --- seeds, resume, shards ----------------------------------------------------------------------
+
+def token_columns(table: pa.Table) -> list[tuple]:
+    return [(r["traj_id"], r["completion_ids"], r["old_logprobs"]) for r in table.to_pylist()]
+
+
+def sampled_ids(table: pa.Table) -> list[tuple]:
+    """What was sampled, per trajectory. Across different batch shapes the logits (and so the
+    log-probs) may differ in the last bits, but the samples drawn from them do not."""
+    return [(r["traj_id"], r["completion_ids"]) for r in table.to_pylist()]
+
+
+def test_same_seed_same_output(loaded):
+    ctx, model, tok = loaded
+    t = questions(2)
+    a = rollout.run(t, config(model.atom_spec, seed=3), ctx)
+    b = rollout.run(t, config(model.atom_spec, seed=3), ctx)
+    c = rollout.run(t, config(model.atom_spec, seed=4), ctx)
+    assert token_columns(a) == token_columns(b)
+    assert [x[1] for x in token_columns(a)] != [x[1] for x in token_columns(c)]
+    # the samples of one trajectory do not depend on what shares its batch
+    d = rollout.run(t, config(model.atom_spec, seed=3, batch_size=1), ctx)
+    assert sampled_ids(a) == sampled_ids(d)
+    for r in a.to_pylist():
+        check_row(r, model, tok)
+
+
+def test_greedy_samples_are_identical_within_a_group(loaded):
+    ctx, model, tok = loaded
+    t = rollout.run(questions(1), config(model.atom_spec, temperature=0.0, group_size=3), ctx)
+    cols = [r["completion_ids"] for r in t.to_pylist()]
+    assert cols[0] == cols[1] == cols[2]
+
+
+class Crash(Exception):
+    pass
+
+
+def test_resume_after_crash_keeps_completed_groups(loaded, tmp_path):
+    ctx, model, tok = loaded
+    t = questions(4)
+    cfg = config(model.atom_spec, seed=1)
+    out = tmp_path / "r.parquet"
+
+    class Crashing:  # the rollout module, but the process "dies" after two groups were persisted
+        validate, group_ids, provenance_fields = rollout.validate, rollout.group_ids, rollout.provenance_fields
+
+        @staticmethod
+        def run(table, cfg, ctx, *, done_groups=frozenset(), sink=None):
+            seen = []
+
+            def dying_sink(group):
+                sink(group)
+                seen.append(group)
+                if len(seen) == 2:
+                    raise Crash()
+            return rollout.run(table, cfg, ctx, done_groups=done_groups, sink=dying_sink)
+
+    with pytest.raises(Crash):
+        rollout_io.run_to_file(Crashing, t, cfg, ctx, out=str(out), fmt=None, resume=False)
+    assert not out.exists()
+    partial = rollout_io.partial_dir(str(out))
+    kept = pa.concat_tables([pq.read_table(f) for f in sorted(partial.glob("*.parquet"))])
+    assert sorted(set(kept.column("group_id").to_pylist())) == ["q0", "q1"]
+
+    calls = []
+
+    class Spy:
+        validate, group_ids, provenance_fields = rollout.validate, rollout.group_ids, rollout.provenance_fields
+
+        @staticmethod
+        def run(table, cfg, ctx, **kw):
+            calls.append(kw["done_groups"])
+            return rollout.run(table, cfg, ctx, **kw)
+
+    final = rollout_io.run_to_file(Spy, t, cfg, ctx, out=str(out), fmt=None, resume=True)
+    assert calls == [frozenset({"q0", "q1"})]
+    assert not partial.exists()
+    written = pq.read_table(out)
+    assert [r["traj_id"] for r in written.to_pylist()] == [f"q{i}/{s}" for i in range(4) for s in range(2)]
+    # the groups made before the crash are kept as they were, and equal an uninterrupted run
+    by_id = {r["traj_id"]: r for r in written.to_pylist()}
+    for r in kept.to_pylist():
+        assert by_id[r["traj_id"]]["completion_ids"] == r["completion_ids"]
+    assert sampled_ids(written) == sampled_ids(rollout.run(t, cfg, ctx))
+    assert schema.token_source(final)["stage"] == "rollout"
+    # resuming a finished file does no new work
+    calls.clear()
+    rollout_io.run_to_file(Spy, t, cfg, ctx, out=str(out), fmt=None, resume=True)
+    assert calls == [frozenset(f"q{i}" for i in range(4))]
+    assert token_columns(pq.read_table(out)) == token_columns(written)
+
+
+def test_shards_concatenate_to_the_full_set(loaded, tmp_path):
+    ctx, model, tok = loaded
+    t = questions(5)
+    full = rollout.run(t, config(model.atom_spec, seed=2), ctx)
+    parts = [rollout.run(t, config(model.atom_spec, seed=2, shard=f"{i}/2"), ctx) for i in range(2)]
+    assert [r["group_id"] for r in parts[0].to_pylist()][::2] == ["q0", "q2", "q4"]
+    merged = pa.concat_tables(parts)
+    assert sorted(sampled_ids(merged)) == sorted(sampled_ids(full))
+    limited = rollout.run(t, config(model.atom_spec, seed=2, limit=2), ctx)
+    assert sampled_ids(limited) == sampled_ids(full)[:4]
+
+
+# --- units --------------------------------------------------------------------------------------
+
+def test_group_ids_are_unique_and_deterministic():
+    t = pa.table({"id": ["a", "b", "a", "a~2", "a"]})
+    assert rollout.group_ids(t) == ["a", "b", "a~2", "a~2~", "a~3"]
+    assert rollout.group_ids(t) == rollout.group_ids(t)
+
+
+def test_selected_rows_limit_and_shard():
+    t = questions(7)
+    assert rollout.selected_rows(t, rollout.RolloutConfig(shard="1/3")) == [1, 4]
+    assert rollout.selected_rows(t, rollout.RolloutConfig(limit=5, shard="0/2")) == [0, 2, 4]
+    for bad in ("3/3", "x", "1/0", "-1/2"):
+        with pytest.raises(InputError):
+            rollout.parse_shard(bad)
+
+
+def test_input_columns_pass_through(loaded):
+    ctx, model, tok = loaded
+    t = questions(2)
+    out = rollout.run(t, config(model.atom_spec, group_size=3, max_turns=1), ctx)
+    assert out.column_names[:4] == t.column_names
+    assert out.column("data_source").to_pylist() == ["test"] * 6
+    assert out.column("question").to_pylist() == [q for q in t.column("question").to_pylist() for _ in range(3)]
+    assert out.schema.field("completion_ids").type == schema.COLUMNS["completion_ids"].type
+
+
+def test_template_that_rewrites_old_turns_is_refused(loaded):
+    ctx, model, tok = loaded
+
+    class Rewriting:  # like templates that drop earlier <think> blocks once a new turn starts
+        chat_template = "x"
+
+        def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+            n = len(messages)
+            parts = [m["content"] if not (m["role"] == "assistant" and i < n - 1) else "[old turn]"
+                     for i, m in enumerate(messages)]
+            return "|".join(parts) + ("|A:" if add_generation_prompt else "")
+
+    with pytest.raises(InputError, match="re-renders earlier turns"):
+        rollout.Chat(Rewriting()).check("system")
+    rollout.Chat(tok).check("system")  # SmolLM2's ChatML template is append-only
+
+
+def test_bad_config_fails_before_loading(loaded):
+    ctx, model, tok = loaded
+    for kw in ({"group_size": 0}, {"top_p": 0.0}, {"temperature": -1.0}, {"max_turns": 0}):
+        with pytest.raises(InputError):
+            rollout.run(questions(1), config("/nonexistent/model", **kw), ctx)

@@ -1,0 +1,106 @@
+"""sft: assistant-only masks, token columns vs chat rendering, reward filter, a real TRL run."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+import torch
+
+from atomcli import models, schema, sft, tableio
+from atomcli.context import Context
+from atomcli.errors import InputError
+from conftest import atom
+
+FACTS = [("who founded Xylo Works", "Ana Berg"), ("where is Qorvia's capital", "Lunmark"),
+         ("when did Pell Bridge open", "1887"), ("who wrote The Grey Tide", "Ivo Marr")]
+
+
+def messages(q, a):
+    return [{"role": "system", "content": "You are a research agent."},
+            {"role": "user", "content": f"Question: {q}"},
+            {"role": "assistant", "content": f"<think><PLAN>search {q}</PLAN></think><tool_call>{{\"name\": "
+                                             f"\"web_search\", \"arguments\": {{\"query\": [\"{q}\"]}}}}</tool_call>"},
+            {"role": "tool", "content": f"<tool_response>\n1. TOOLTEXT {a} is the one\n</tool_response>"},
+            {"role": "assistant", "content": f"<think><OBSERVATION>the page says {a}</OBSERVATION></think>"
+                                             f"<answer>{a}</answer>"}]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+def test_chat_rendering_masks_everything_but_assistant_output(tok):
+    msgs = messages(*FACTS[0])
+    ids, mask = sft.render_masked(msgs, tok)
+    assert len(ids) == len(mask)
+    assert tok.decode(ids) == tok.apply_chat_template(msgs, tokenize=False)  # the same text the model reads
+    trained = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert trained == "".join(m["content"] + "<|im_end|>" for m in msgs if m["role"] == "assistant")
+    context = tok.decode([i for i, m in zip(ids, mask) if not m])
+    for m in msgs:
+        if m["role"] != "assistant":
+            assert m["content"] in context
+    assert "TOOLTEXT" not in trained and "research agent" not in trained
+
+
+def test_token_columns_are_used_when_they_match_the_tokenizer(tok):
+    msgs = [messages(*f) for f in FACTS[:2]]
+    prompt = [[1, 2, 3], [4, 5]]
+    comp = [[10, 11, 12, 13], [14, 15, 16]]
+    mask = [[1, 1, 0, 1], [0, 1, 1]]
+    table = pa.table({"messages": schema.array("messages", msgs), "prompt_ids": schema.array("prompt_ids", prompt),
+                      "completion_ids": schema.array("completion_ids", comp),
+                      "loss_mask": schema.array("loss_mask", mask)})
+    matching = schema.with_provenance(table, "rollout", tokenizer=models.tokenizer_id(tok))
+    ex, how = sft.build_examples(matching, tok)
+    assert how == "token columns"
+    assert ex["input_ids"] == [[1, 2, 3, 10, 11, 12, 13], [4, 5, 14, 15, 16]]
+    assert ex["completion_mask"] == [[0, 0, 0, 1, 1, 0, 1], [0, 0, 0, 1, 1]]
+    other = schema.with_provenance(table, "rollout", tokenizer="Other:1:x")
+    ex, how = sft.build_examples(other, tok)
+    assert how == "chat template" and ex["input_ids"][0] == sft.render_masked(msgs[0], tok)[0]
+
+
+def test_min_reward_filter():
+    table = pa.table({"messages": schema.array("messages", [messages(*f) for f in FACTS[:3]]),
+                      "reward": [0.9, 0.2, None]})
+    assert sft.filter_by_reward(table, float("-inf")).num_rows == 3
+    assert sft.filter_by_reward(table, 0.5).column("reward").to_pylist() == [0.9]
+    with pytest.raises(InputError, match="lower --min-reward"):
+        sft.filter_by_reward(table, 0.95)
+    with pytest.raises(InputError, match="reward"):
+        sft.filter_by_reward(table.drop(["reward"]), 0.5)
+
+
+def test_cli_sft_lowers_the_loss_and_writes_a_plain_checkpoint(tiny_model, tmp_path):
+    data = tmp_path / "sft.jsonl"
+    table = pa.table({"messages": schema.array("messages", [messages(*f) for f in FACTS]), "reward": [1.0] * 4})
+    tableio.write_table(table, str(data))
+    out = tmp_path / "ckpt"
+    proc = atom("sft", data, "--model", tiny_model, "--out", out, "--max-steps", "8", "--lr", "1e-2",
+                "--batch-size", "4", "--lr-scheduler", "constant", "--min-reward", "0.5", check=True)
+    assert proc.stdout == b""  # TRL's log lines went to stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 8 and metrics["source"] == "chat template"
+    assert metrics["train_loss_last"] < metrics["train_loss_first"] - 1.0
+    state = json.loads((out / "atom_state.json").read_text())
+    assert state["stage"] == "sft" and state["step"] == 0 and not state["optimizer"]
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.use_cache
+
+
+def test_sft_lora_merges_into_a_plain_checkpoint(tiny_model, tok):
+    table = pa.table({"messages": schema.array("messages", [messages(*f) for f in FACTS[:2]])})
+    res = sft.run(table, sft.SFTConfig(model=str(tiny_model), lora=True, lora_r=4, lr=1e-2, max_steps=2,
+                                       batch_size=2), Context(quiet=True))
+    assert not hasattr(res.model, "peft_config") and not res.lora
+    base, _ = models.load(str(tiny_model))
+    names = dict(res.model.named_parameters())
+    assert not any("lora" in n for n in names)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(names[q], dict(base.named_parameters())[q])
