@@ -174,8 +174,8 @@ class OpenAIEngine:
             res.stop = "length"
         elif ids and ids[-1] in self.eos:
             res.stop = "eos"
-        elif any(s in text for s in req.stops):
-            res.stop = "stop"
+        elif any(s in self.tokenizer.decode(ids, skip_special_tokens=False) for s in req.stops):
+            res.stop = "stop"  # (the ids may hold a stop string the server cut from the text)
         else:
             res.stop = "stop"
             hit = choice.get("stop_reason")

@@ -1,0 +1,721 @@
+"""The embedded demo research world (DESIGN.md §7): `atom demo-world --out DIR --seed S`.
+
+A seeded generator of a fictional encyclopedia and of questions that only searching it can
+answer. Everything is invented (names built from syllables, dates, relations), so a
+pretrained model cannot answer from memory; the same seed gives the same bytes in every file.
+
+The world: countries, cities, people, organisations (publishing houses, orchestras,
+galleries, universities) and works (novels, poetry collections, symphonies, paintings),
+linked by functional relations (a person's birthplace and mentor, an organisation's founder
+and home city, a work's creator and publisher, ...). Questions follow a chain of 1-4
+relations from a named anchor: "Where was the founder of the publishing house that
+published Quessarine Chronicles born?" is 3 hops; "In what year was Orlenic Press founded?"
+is 1. Every relation is a function, so every question has one answer.
+
+DIR receives:
+- `corpus.jsonl`: one article per entity {id, title, contents};
+- `train.jsonl`, `test.jsonl`: FlashRAG questions {id, question, golden_answers, data_source
+  = demo_1hop..demo_4hop}; no question text is in both;
+- `index.sqlite`: the corpus indexed by `atom index` (search SPEC `local:DIR/index.sqlite`);
+- `sft.parquet`: trajectories of a scripted expert that really uses the tools (one hop per
+  turn) on train questions only, in the atomic-thought agent format, for `atom sft`.
+
+The expert searches through `atomcli.tools.ToolBox` with k=3 results per query, so its
+observations are byte-identical to what a rollout with `--search local:DIR/index.sqlite
+--k 3` sees; with another k the SFT observations are shorter than the rollout's. It reads
+the fact it needs from the result whose title is the entity it is looking up (regular
+expressions over the article's sentences), opens the page with `browse_webpage` when the
+snippet stops short of the fact, and searches the bare name when the article is not among
+the results. Only trajectories whose answer matches a golden answer become SFT rows.
+
+`serve(corpus)` serves every article as a small HTML page on a loopback port, so browsing
+over real HTTP can be exercised in tests and demos.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import random
+import re
+import threading
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from atomcli import __version__
+from atomcli.errors import InputError
+
+SFT_K = 3              # search results per query for the expert (see the module docstring)
+SYSTEM_DATE = "2026-01-01"
+HOP_WEIGHTS = (0.3, 0.3, 0.25, 0.15)  # share of 1..4-hop questions
+MIN_ARTICLES = 100
+FILES = ("corpus.jsonl", "train.jsonl", "test.jsonl", "index.sqlite", "sft.parquet")
+
+# --- names ---------------------------------------------------------------------------------------
+
+ONSETS = ("b", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
+          "br", "dr", "gr", "kr", "th", "sk", "vr", "zh", "q")
+VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ae", "ou", "y")
+CODAS = ("n", "r", "l", "th", "m", "x", "rk", "v", "sk")
+# Suffixes a Porter stemmer strips: two names differing only by one would search as one.
+_STEM = re.compile(r"(?:ing|ed|es|s|er|e|y|ly|al|ic|ous|ive|ate|iti|ment|ness|ion|ism|ist|ant|ent)$")
+
+
+class Namer:
+    """Invented, distinctive words; no two share a stem, so each name is its own search key."""
+
+    def __init__(self, rng: random.Random):
+        self.rng, self.used = rng, set()
+
+    def word(self, syllables: tuple[int, int] = (2, 2)) -> str:
+        from atomcli.search_local import STOPWORDS
+        while True:
+            n = self.rng.choice(range(syllables[0], syllables[1] + 1))
+            w = "".join(self.rng.choice(ONSETS) + self.rng.choice(VOWELS)
+                        + (self.rng.choice(CODAS) if self.rng.random() < 0.35 else "") for _ in range(n))
+            key = _STEM.sub("", w)
+            if 4 <= len(w) <= 10 and key not in self.used and w not in STOPWORDS:
+                self.used.add(key)
+                return w.capitalize()
+
+
+# --- the world ---------------------------------------------------------------------------------------
+
+WORK_KINDS = {  # kind: (creator occupation, creator noun, made verb, active verb, org category, pub verb, title nouns)
+    "novel": ("novelist", "author", "written", "wrote", "publisher", "published",
+              ("Chronicles", "Inheritance", "Crossing", "Harvest", "Letters", "Winter")),
+    "poetry collection": ("poet", "author", "written", "wrote", "publisher", "published",
+                          ("Elegies", "Verses", "Odes", "Psalms", "Sonnets")),
+    "symphony": ("composer", "composer", "composed", "composed", "orchestra", "premiered",
+                 ("Symphony", "Nocturne", "Requiem", "Overture", "Suite")),
+    "painting": ("painter", "painter", "painted", "painted", "gallery", "exhibited",
+                 ("Triptych", "Portrait", "Landscape", "Panorama", "Study")),
+}
+ORG_KINDS = {  # category: (noun in text, name suffixes)
+    "publisher": ("publishing house", ("Press", "Editions", "Books")),
+    "orchestra": ("orchestra", ("Philharmonic", "Orchestra", "Ensemble")),
+    "gallery": ("gallery", ("Gallery", "Art Museum", "Salon")),
+    "university": ("university", ("University", "Academy", "Institute")),
+}
+OCCUPATIONS = ("novelist", "poet", "composer", "painter", "architect", "astronomer", "engineer",
+               "philosopher", "cartographer")
+COUNTRY_SUFFIX = ("ia", "and", "ora", "esh", "ovia")
+COUNTRY_FORMS = ("Republic", "Kingdom", "Commonwealth", "Grand Duchy")
+CITY_SUFFIX = ("", "", "", "holt", "mere", "vik", "stad", "gard")
+
+
+@dataclass
+class Entity:
+    id: str
+    kind: str       # country | city | person | org | work
+    name: str
+    facts: dict = field(default_factory=dict)   # relation -> entity id or int (a year)
+    info: dict = field(default_factory=dict)    # descriptive: category, occupation, form, ...
+
+
+@dataclass
+class World:
+    entities: dict[str, Entity]
+    by_kind: dict[str, list[str]]
+
+    def get(self, eid: str) -> Entity:
+        return self.entities[eid]
+
+
+def build_world(seed: int, articles: int) -> World:
+    """Entities and their facts, about `articles` of them, all from `random.Random(seed)`."""
+    rng = random.Random(f"demo-world:{seed}")
+    namer = Namer(rng)
+    n_country = max(4, articles // 200)
+    n_city = max(8, articles * 13 // 100)
+    n_org = max(8, articles * 17 // 100)
+    n_work = max(8, articles * 25 // 100)
+    n_person = max(16, articles - n_country - n_city - n_org - n_work)
+    ents: dict[str, Entity] = {}
+    by_kind: dict[str, list[str]] = {k: [] for k in ("country", "city", "person", "org", "work")}
+
+    def add(kind: str, i: int, name: str, **info) -> Entity:
+        e = Entity(f"{kind}-{i:04d}", kind, name, info=info)
+        ents[e.id] = e
+        by_kind[kind].append(e.id)
+        return e
+
+    for i in range(n_country):
+        add("country", i, namer.word((1, 2)) + rng.choice(COUNTRY_SUFFIX), form=rng.choice(COUNTRY_FORMS))
+    countries = by_kind["country"]
+    for i in range(n_city):
+        c = add("city", i, namer.word() + rng.choice(CITY_SUFFIX))
+        # the first cities go one to each country so that every country has a capital
+        c.facts["country"] = countries[i] if i < len(countries) else rng.choice(countries)
+        c.facts["city_founded"] = rng.randint(820, 1790)
+    for cid in countries:
+        mine = [c for c in by_kind["city"] if ents[c].facts["country"] == cid]
+        ents[cid].facts["capital"] = rng.choice(mine)
+    cities = by_kind["city"]
+
+    occupations = list(OCCUPATIONS)
+    for i in range(n_person):
+        occ = occupations[i] if i < len(occupations) else rng.choice(occupations)  # every creator kind exists
+        p = add("person", i, f"{namer.word()} {namer.word()}", occupation=occ, pronoun=rng.choice(("She", "He")))
+        p.facts["birth_year"] = rng.randint(1760, 1960)
+        p.facts["birthplace"] = rng.choice(cities)
+    people = by_kind["person"]
+    by_year = sorted(people, key=lambda p: (ents[p].facts["birth_year"], p))
+    for pid in people:
+        older = [q for q in by_year if ents[q].facts["birth_year"] <= ents[pid].facts["birth_year"] - 15]
+        if older and rng.random() < 0.75:
+            ents[pid].facts["mentor"] = rng.choice(older[-200:])  # a teacher of a nearby generation
+
+    categories = list(ORG_KINDS)
+    for i in range(n_org):
+        cat = categories[i % len(categories)]
+        o = add("org", i, f"{namer.word()} {rng.choice(ORG_KINDS[cat][1])}", category=cat)
+        o.facts["hq"] = rng.choice(cities)
+        founder = rng.choice(people)
+        o.facts["founder"] = founder
+        o.facts["org_founded"] = min(2000, ents[founder].facts["birth_year"] + rng.randint(22, 60))
+    orgs_of = {cat: [o for o in by_kind["org"] if ents[o].info["category"] == cat] for cat in categories}
+    for pid in people:
+        if rng.random() < 0.8:
+            ents[pid].facts["alma_mater"] = rng.choice(orgs_of["university"])
+
+    kinds = list(WORK_KINDS)
+    creators = {k: [p for p in people if ents[p].info["occupation"] == WORK_KINDS[k][0]] for k in kinds}
+    for i in range(n_work):
+        kind = kinds[i % len(kinds)]
+        w = add("work", i, f"{namer.word()} {rng.choice(WORK_KINDS[kind][6])}", work_kind=kind)
+        creator = rng.choice(creators[kind])
+        w.facts["creator"] = creator
+        w.facts["work_year"] = min(2020, ents[creator].facts["birth_year"] + rng.randint(20, 60))
+        w.facts["publisher"] = rng.choice(orgs_of[WORK_KINDS[kind][4]])
+    return World(ents, by_kind)
+
+
+# --- articles -----------------------------------------------------------------------------------------
+
+def _a(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
+
+
+def _sentences_person(e: Entity, w: World, rng: random.Random) -> list[str]:
+    f, pr, n = e.facts, e.info["pronoun"], e.name
+    city = w.get(f["birthplace"])
+    country = w.get(city.facts["country"]).name
+    s = [f"{n} is {_a(e.info['occupation'])} from {country}.",
+         rng.choice((f"{pr} was born in {city.name} in {f['birth_year']}.",
+                     f"{pr} was born in {f['birth_year']} in the city of {city.name}."))]
+    if "mentor" in f:
+        m = w.get(f["mentor"])
+        s.append(rng.choice((f"{pr} studied under {m.name}.",
+                             f"{pr} trained under the {m.info['occupation']} {m.name}.")))
+    if "alma_mater" in f:
+        s.append(rng.choice((f"{pr} attended {w.get(f['alma_mater']).name}.",
+                             f"{pr} was educated at {w.get(f['alma_mater']).name}.")))
+    works = [x for x in w.by_kind["work"] if w.get(x).facts["creator"] == e.id][:3]
+    if works:
+        s.append(f"{pr} is best known for " + " and ".join(w.get(x).name for x in works) + ".")
+    founded = [o for o in w.by_kind["org"] if w.get(o).facts["founder"] == e.id][:2]
+    for o in founded:
+        s.append(f"In {w.get(o).facts['org_founded']}, {pr.lower()} founded {w.get(o).name}.")
+    s.append(rng.choice((f"{pr} later settled in {w.get(rng.choice(w.by_kind['city'])).name}.",
+                         f"Critics have compared {pr == 'She' and 'her' or 'his'} work to that of "
+                         f"{w.get(rng.choice(w.by_kind['person'])).name}.",
+                         f"{pr} travelled widely and kept detailed notebooks.")))
+    return s
+
+
+def _sentences_org(e: Entity, w: World, rng: random.Random) -> list[str]:
+    f, n = e.facts, e.name
+    noun = ORG_KINDS[e.info["category"]][0]
+    hq, founder = w.get(f["hq"]).name, w.get(f["founder"]).name
+    s = rng.choice((
+        [f"{n} is {_a(noun)} based in {hq}.", f"It was founded in {f['org_founded']} by {founder}."],
+        [f"Founded by {founder} in {f['org_founded']}, {n} is {_a(noun)} headquartered in {hq}."]))
+    works = [x for x in w.by_kind["work"] if w.get(x).facts["publisher"] == e.id][:2]
+    if works:
+        verb = WORK_KINDS[w.get(works[0]).info["work_kind"]][5]
+        s.append(f"Among the works it {verb} {'are' if len(works) > 1 else 'is'} "
+                 + " and ".join(w.get(x).name for x in works) + ".")
+    s.append(rng.choice((f"Its archive holds letters by {w.get(rng.choice(w.by_kind['person'])).name}.",
+                         "It moved into its present building after a fire destroyed the first one.",
+                         f"It is funded by a trust set up in {rng.randint(1850, 2000)}.")))
+    return s
+
+
+def _sentences_work(e: Entity, w: World, rng: random.Random) -> list[str]:
+    f, n, kind = e.facts, e.name, e.info["work_kind"]
+    _occ, _noun, made, _active, _cat, pub, _titles = WORK_KINDS[kind]
+    creator, publisher = w.get(f["creator"]).name, w.get(f["publisher"]).name
+    s = [rng.choice((f"{n} is {_a(kind)} by {creator}, {made} in {f['work_year']}.",
+                     f"{n} ({f['work_year']}) is {_a(kind)} by {creator}.")),
+         rng.choice((f"It was first {pub} by {publisher}.", f"It was {pub} by {publisher}."))]
+    s.append(rng.choice(("It was poorly received at first and admired only decades later.",
+                         f"A revised version appeared in {f['work_year'] + rng.randint(2, 15)}.",
+                         "Its opening is often quoted.")))
+    return s
+
+
+def _sentences_city(e: Entity, w: World, rng: random.Random) -> list[str]:
+    f, n = e.facts, e.name
+    country = w.get(f["country"]).name
+    s = [rng.choice((f"{n} is a city in {country}.",
+                     f"{n} is a town in the {rng.choice(('north', 'south', 'east', 'west'))} of {country}.")),
+         f"It was founded in {f['city_founded']}."]
+    orgs = [o for o in w.by_kind["org"] if w.get(o).facts["hq"] == e.id][:2]
+    if orgs:
+        s.append(f"{n} is home to " + " and ".join(w.get(o).name for o in orgs) + ".")
+    s.append(rng.choice(("A river crosses the old town.", "Its market square dates from the founding.",
+                         "The city is known for its bridges.")))
+    return s
+
+
+def _sentences_country(e: Entity, w: World, rng: random.Random) -> list[str]:
+    n, form, cap = e.name, e.info["form"], w.get(e.facts["capital"]).name
+    cities = [c for c in w.by_kind["city"] if w.get(c).facts["country"] == e.id and c != e.facts["capital"]][:3]
+    s = [rng.choice((f"{n}, officially the {form} of {n}, is a country whose capital is {cap}.",
+                     f"{n} (the {form} of {n}) is a country. Its capital is {cap}."))]
+    if cities:
+        s.append("Other cities include " + ", ".join(w.get(c).name for c in cities) + ".")
+    return s
+
+
+_SENTENCES = {"person": _sentences_person, "org": _sentences_org, "work": _sentences_work,
+              "city": _sentences_city, "country": _sentences_country}
+
+
+def render_articles(world: World, seed: int) -> list[dict]:
+    rng = random.Random(f"demo-articles:{seed}")
+    out = []
+    for kind in ("country", "city", "person", "org", "work"):
+        for eid in world.by_kind[kind]:
+            e = world.get(eid)
+            out.append({"id": e.id, "title": e.name, "contents": " ".join(_SENTENCES[kind](e, world, rng))})
+    return out
+
+
+# --- relations and questions -----------------------------------------------------------------------------
+
+NAME = r"[A-Z][a-z]+(?: [A-Z][a-z]+)*"   # invented names are capitalised words, no digits
+YEAR = r"\d{3,4}"
+
+
+@dataclass(frozen=True)
+class Relation:
+    name: str
+    domain: str
+    range: str                    # an entity kind or "year"
+    noun: tuple[str, ...]         # "{s}" described through this relation: "the founder of {s}"
+    ask: tuple[str, ...]          # final questions about {s}
+    goal: str                     # what the expert is looking for, in its own words
+    queries: tuple[str, ...]      # the expert's search phrasings
+    patterns: tuple[str, ...]     # regexes over the subject's article; group `v` is the value
+    states: str                   # the fact as the expert restates it
+
+
+REL = {r.name: r for r in [
+    Relation("birthplace", "person", "city", ("the birthplace of {s}", "the home town of {s}"),
+             ("Where was {s} born?", "In which city was {s} born?"), "where {s} was born",
+             ("{s} born", "where was {s} born", "{s} birthplace"),
+             (rf"born in (?P<v>{NAME}) in {YEAR}", rf"born in {YEAR} in the city of (?P<v>{NAME})"),
+             "{s} was born in {v}"),
+    Relation("birth_year", "person", "year", (), ("In what year was {s} born?", "When was {s} born?"),
+             "when {s} was born", ("{s} born", "when was {s} born", "{s} birth year"),
+             (rf"born in {NAME} in (?P<v>{YEAR})", rf"born in (?P<v>{YEAR})"), "{s} was born in {v}"),
+    Relation("mentor", "person", "person", ("the mentor of {s}", "the teacher of {s}"),
+             ("Who was the mentor of {s}?", "Under whom did {s} study?"), "who taught {s}",
+             ("{s} studied under", "{s} mentor", "who taught {s}"),
+             (rf"(?:studied|trained) under (?:the [a-z]+ )?(?P<v>{NAME})",), "{s} studied under {v}"),
+    Relation("alma_mater", "person", "org", ("the university {s} attended",),
+             ("Which university did {s} attend?", "Where was {s} educated?"), "which university {s} attended",
+             ("{s} attended", "{s} educated at", "{s} university"),
+             (rf"(?:attended|educated at) (?P<v>{NAME})",), "{s} attended {v}"),
+    Relation("country", "city", "country", ("the country in which {s} lies",),
+             ("In which country is {s}?", "In which country does {s} lie?"), "which country {s} is in",
+             ("{s} country", "which country is {s} in", "{s} city in"),
+             (rf"(?:city|town) in (?:the [a-z]+ of )?(?P<v>{NAME})",), "{s} lies in {v}"),
+    Relation("city_founded", "city", "year", (), ("In what year was {s} founded?", "When was {s} founded?"),
+             "when {s} was founded", ("{s} founded", "when was {s} founded"),
+             (rf"[Ff]ounded in (?P<v>{YEAR})",), "{s} was founded in {v}"),
+    Relation("capital", "country", "city", ("the capital of {s}",),
+             ("What is the capital of {s}?", "Which city is the capital of {s}?"), "the capital of {s}",
+             ("{s} capital", "capital of {s}"), (rf"[Cc]apital is (?P<v>{NAME})",), "the capital of {s} is {v}"),
+    Relation("founder", "org", "person", ("the founder of {s}",), ("Who founded {s}?", "Who is the founder of {s}?"),
+             "who founded {s}", ("{s} founder", "who founded {s}", "{s} founded by"),
+             (rf"[Ff]ounded (?:in {YEAR} )?by (?P<v>{NAME})",), "{s} was founded by {v}"),
+    Relation("hq", "org", "city", ("the home city of {s}",),
+             ("In which city is {s} based?", "Where is {s} headquartered?"), "where {s} is based",
+             ("{s} based in", "where is {s} headquartered", "{s} headquarters"),
+             (rf"(?:based|headquartered) in (?P<v>{NAME})",), "{s} is based in {v}"),
+    Relation("org_founded", "org", "year", (), ("In what year was {s} founded?", "When was {s} established?"),
+             "when {s} was founded", ("{s} founded", "when was {s} founded", "{s} founded in"),
+             (rf"[Ff]ounded (?:by {NAME} )?in (?P<v>{YEAR})",), "{s} was founded in {v}"),
+    Relation("creator", "work", "person", ("the {maker} of {s}",), ("Who {active} {s}?",),
+             "who {active} {s}", ("{s} {kind} by", "who {active} {s}", "{s} {maker}"),
+             (rf"(?:novel|collection|symphony|painting) by (?P<v>{NAME})",), "{s} is by {v}"),
+    Relation("publisher", "work", "org", ("the {org} that {pub} {s}",), ("Which {org} {pub} {s}?",),
+             "which {org} {pub} {s}", ("{s} {pub} by", "who {pub} {s}", "{s} {org}"),
+             (rf"(?:published|premiered|exhibited) by (?P<v>{NAME})",), "{s} was {pub} by {v}"),
+    Relation("work_year", "work", "year", (), ("In what year was {s} {made}?", "When was {s} {made}?"),
+             "when {s} was {made}", ("{s} {made} in", "when was {s} {made}", "{s} {kind} year"),
+             (rf"(?:written|composed|painted) in (?P<v>{YEAR})", rf"\((?P<v>{YEAR})\)"), "{s} was {made} in {v}"),
+]}
+OUT_OF = {kind: [r for r in REL.values() if r.domain == kind] for kind in ("person", "city", "country", "org", "work")}
+INVERSE = {("capital", "country"), ("country", "capital")}  # a chain that walks back to where it began
+
+
+def kind_words(e: Entity) -> dict:
+    """Words that depend on a work's kind (author/composer, published/premiered, ...)."""
+    if e.kind != "work":
+        return {}
+    occ, maker, made, active, cat, pub, _ = WORK_KINDS[e.info["work_kind"]]
+    return {"maker": maker, "made": made, "active": active, "org": ORG_KINDS[cat][0], "pub": pub,
+            "kind": e.info["work_kind"]}
+
+
+@dataclass
+class Question:
+    id: str
+    question: str
+    golden_answers: list[str]
+    data_source: str
+    anchor: str                 # entity id named in the question
+    chain: list[str]            # relation names, first hop first
+    path: list[str]             # entity ids visited (anchor first); the answer's id or year last
+
+    def row(self) -> dict:
+        return {"id": self.id, "question": self.question, "golden_answers": self.golden_answers,
+                "data_source": self.data_source}
+
+
+def answer_aliases(world: World, value) -> list[str]:
+    if isinstance(value, int):
+        return [str(value)]
+    e = world.get(value)
+    if e.kind == "person":
+        return [e.name, e.name.split()[-1]]
+    if e.kind == "country":
+        return [e.name, f"{e.info['form']} of {e.name}"]
+    return [e.name]
+
+
+def _follow(world: World, eid: str, rel: str):
+    return world.get(eid).facts.get(rel)
+
+
+def make_question(world: World, hops: int, rng: random.Random) -> Question | None:
+    """One random chain of `hops` relations from a random anchor; None when the walk dead-ends."""
+    kind = rng.choice(("person", "org", "work", "work", "city", "country") if hops > 1 else
+                      ("person", "org", "work", "city", "country"))
+    anchor = rng.choice(world.by_kind[kind])
+    chain, path = [], [anchor]
+    for i in range(hops):
+        here = path[-1]
+        if isinstance(here, int):
+            return None
+        options = [r for r in OUT_OF[world.get(here).kind] if r.name in world.get(here).facts
+                   and (i == hops - 1 or r.range != "year") and (not chain or (chain[-1], r.name) not in INVERSE)]
+        if not options:
+            return None
+        r = rng.choice(options)
+        chain.append(r.name)
+        path.append(_follow(world, here, r.name))
+    if len(set(map(str, path))) != len(path):  # visits an entity twice (e.g. a mentor loop)
+        return None
+    a = world.get(anchor)
+    desc = a.name
+    for rel in chain[:-1]:
+        desc = rng.choice(REL[rel].noun).format(s=desc, **kind_words(a))
+    q = rng.choice(REL[chain[-1]].ask).format(s=desc, **kind_words(a))
+    q = q[0].upper() + q[1:]
+    return Question("", q, answer_aliases(world, path[-1]), f"demo_{hops}hop", anchor, chain, path)
+
+
+def make_questions(world: World, n: int, seed: int) -> list[Question]:
+    """`n` distinct questions (by text), hop counts drawn with HOP_WEIGHTS."""
+    rng = random.Random(f"demo-questions:{seed}")
+    seen, out, tries = set(), [], 0
+    while len(out) < n:
+        hops = rng.choices((1, 2, 3, 4), HOP_WEIGHTS)[0]
+        while True:  # keep the drawn hop count: long walks dead-end more often
+            tries += 1
+            if tries > 100 * n + 1000:
+                raise InputError(f"the world has too few distinct questions for {n}",
+                                 hint="raise --articles or lower --train/--test")
+            q = make_question(world, hops, rng)
+            if q is not None and q.question not in seen:
+                seen.add(q.question)
+                out.append(q)
+                break
+    return out
+
+
+def generate(seed: int, articles_n: int, train: int, test: int) -> tuple[World, list[Question], list[Question]]:
+    """The world and its question splits; test ids `test_i`, train ids `train_i`."""
+    world = build_world(seed, articles_n)
+    qs = make_questions(world, train + test, seed)
+    test_q, train_q = qs[:test], qs[test:]
+    for i, q in enumerate(test_q):
+        q.id = f"test_{i}"
+    for i, q in enumerate(train_q):
+        q.id = f"train_{i}"
+    return world, train_q, test_q
+
+
+# --- the scripted expert ----------------------------------------------------------------------------------
+
+RESULT_RE = re.compile(r"^\d+\. (?P<title>.*)\n   url: (?P<url>\S*)\n   (?P<snippet>.*)$", re.M)
+
+OBS = ("The {t} article says {fact}.", "According to its article, {fact}.", "The result for {t} states that {fact}.")
+PLAN_FIRST = ("This is a {h}-hop question. First find {goal}.", "Break the question into {h} lookups, starting with {goal}.",
+              "The chain has {h} links; the first is {goal}.")
+PLAN_ONE = ("Find {goal}.", "Look up {goal} directly.")
+PLAN_NEXT = ("Next find {goal}.", "Now look up {goal}.", "The next link is {goal}.")
+ACTION_SEARCH = ("Search for {goal}.", "Run a web search on {goal}.")
+HYPOTHESIS = ("If {v} is right, its own article should say {goal}.",
+              "Assume {v} is the right entity; its article should answer {goal}.")
+RISK = ("Other results mention {t} too; I rely only on its own article.",
+        "A similar name could mislead me, so I take the fact from the article titled {t}.")
+VERIFY = ("The result title matches {t} exactly, so the fact belongs to it.",
+          "The article is about {t} itself, not a namesake.")
+REFLECT_END = ("All {h} links are resolved: {chain}.", "The chain {chain} answers the question.")
+SNIPPET_SHORT = ("The snippet of the {t} article stops before it says {goal}.",
+                 "The {t} result is right, but its snippet does not show {goal}.")
+NOT_FOUND = ("None of the results is the article on {t}; the query was too broad.",
+             "The results do not include an article titled {t}.")
+
+
+class Expert:
+    """Solves demo questions with the real tools, one hop per turn, writing atomic thoughts."""
+
+    def __init__(self, toolbox, world: World, seed: int):
+        self.tb, self.world, self.seed = toolbox, world, seed
+
+    def solve(self, q: Question) -> dict:
+        from atomcli import agent_format as af
+        rng = random.Random(f"demo-expert:{self.seed}:{q.id}")
+        traj_id = f"{q.id}/0"
+        msgs = [{"role": "system", "content": af.system_prompt(date=SYSTEM_DATE)},
+                {"role": "user", "content": af.user_message(q.question)}]
+        calls: list[dict] = []
+        anchor = self.world.get(q.anchor)
+        words = kind_words(anchor)
+        subject, found = anchor.name, [anchor.name]
+        units: list[tuple[str, str]] = []
+
+        def goal(i: int, s: str) -> str:
+            return REL[q.chain[i]].goal.format(s=s, **words)
+
+        def act(units: list[tuple[str, str]], name: str, args: dict) -> str:
+            call = {"name": name, "arguments": args}
+            think = "".join(f"<{t}>{x}</{t}>" for t, x in units)
+            msgs.append({"role": "assistant",
+                         "content": f"<think>{think}</think><tool_call>{json.dumps(call, ensure_ascii=False)}</tool_call>"})
+            parsed = af.parse_tool_call(json.dumps(call, ensure_ascii=False))
+            res = self.tb.run(parsed, traj_id)
+            calls.append({"turn": sum(m["role"] == "assistant" for m in msgs), "name": name,
+                          "arguments": json.dumps(parsed.arguments, ensure_ascii=False), "ok": bool(res.ok),
+                          "error": res.error, "cached": bool(res.cached),
+                          "seconds": None})  # wall time would make the file differ run to run
+            msgs.append({"role": "tool", "content": af.tool_message(res.observation)})
+            return res.observation
+
+        h = len(q.chain)
+        units = [("PLAN", rng.choice(PLAN_FIRST if h > 1 else PLAN_ONE).format(h=h, goal=goal(0, subject)))]
+        for i, rel_name in enumerate(q.chain):
+            rel = REL[rel_name]
+            g = goal(i, subject)
+            units.append(("ACTION", rng.choice(ACTION_SEARCH).format(goal=g)))
+            query = rng.choice(rel.queries).format(s=subject, **words)
+            obs = act(units, "web_search", {"query": [query]})
+            value, own = self._read(rel, subject, obs, snippet=True)
+            units = []
+            if own is None:  # the subject's article was not in the top results: search the bare name
+                units = [("REFLECTION", rng.choice(NOT_FOUND).format(t=subject)),
+                         ("PLAN", f"Search for the name {subject} alone."),
+                         ("ACTION", f"Search for {subject}.")]
+                obs = act(units, "web_search", {"query": [subject]})
+                value, own = self._read(rel, subject, obs, snippet=True)
+                units = []
+            if value is None and own is not None:  # the snippet stops short: read the page
+                units = [("OBSERVATION", rng.choice(SNIPPET_SHORT).format(t=subject, goal=g)),
+                         ("PLAN", "Open the article and read it in full."),
+                         ("ACTION", f"Browse {own}.")]
+                obs = act(units, "browse_webpage", {"url_list": [own], "query": g})
+                value, _ = self._read(rel, subject, obs, snippet=False)
+                units = []
+            if value is None:
+                units = [("REFLECTION", f"I could not find {g} in what the tools returned.")]
+                break
+            fact = rel.states.format(s=subject, v=value, **words)
+            units.append(("OBSERVATION", rng.choice(OBS).format(t=subject, fact=fact)))
+            if rng.random() < 0.3:
+                units.append(("VERIFICATION", rng.choice(VERIFY).format(t=subject)))
+            if rng.random() < 0.25:
+                units.append(("RISK_ANALYSIS", rng.choice(RISK).format(t=subject)))
+            subject = value
+            found.append(value)
+            if i + 1 < h:
+                if rng.random() < 0.35:
+                    units.append(("HYPOTHESIS_TESTING", rng.choice(HYPOTHESIS).format(v=value, goal=goal(i + 1, value))))
+                units.append(("PLAN", rng.choice(PLAN_NEXT).format(goal=goal(i + 1, value))))
+        answer = found[-1] if len(found) == h + 1 else "unknown"
+        if answer != "unknown" and h > 1:
+            units.append(("REFLECTION", rng.choice(REFLECT_END).format(h=h, chain=" -> ".join(found))))
+        think = "".join(f"<{t}>{x}</{t}>" for t, x in units)
+        msgs.append({"role": "assistant", "content": f"<think>{think}</think><answer>{answer}</answer>"})
+        n_turns = sum(m["role"] == "assistant" for m in msgs)
+        self.tb.forget(traj_id)
+        return {**q.row(), "traj_id": traj_id, "group_id": q.id, "sample_idx": 0, "policy": "scripted-expert",
+                "messages": msgs, "answer": answer, "finish_reason": "answer",
+                "format_ok": af.trajectory_format_ok(msgs), "n_turns": n_turns,
+                "n_search": sum(c["name"] == "web_search" for c in calls),
+                "n_browse": sum(c["name"] == "browse_webpage" for c in calls), "tool_calls": calls}
+
+    @staticmethod
+    def _read(rel: Relation, subject: str, obs: str, *, snippet: bool) -> tuple[str | None, str | None]:
+        """(value, url of the subject's own article) from an observation; None where absent.
+
+        From search results only the result titled `subject` counts, and a value cut off by the
+        snippet's end (`…`) does not; from a browsed page the whole text counts."""
+        own = None
+        texts = []
+        if snippet:
+            for m in RESULT_RE.finditer(obs):
+                if m["title"] == subject:
+                    own = own or m["url"]
+                    texts.append(m["snippet"])
+        else:
+            texts = [obs]
+        for text in texts:
+            for pat in rel.patterns:
+                for m in re.finditer(pat + r"(?=[.,;:)]| [a-z(]|\s*$)", text):
+                    return m["v"], own
+        return None, own
+
+
+# --- files --------------------------------------------------------------------------------------------------
+
+def _jsonl(rows: list[dict]) -> bytes:
+    import orjson
+    return b"".join(orjson.dumps(r) + b"\n" for r in rows)
+
+
+def sft_table(rows: list[dict], config: dict):
+    """The SFT rows as a trajectory table with contract types and a time-free provenance record."""
+    import pyarrow as pa
+
+    from atomcli import schema
+    cols = ["id", "question", "golden_answers", "data_source", "traj_id", "group_id", "sample_idx", "policy",
+            "messages", "answer", "finish_reason", "format_ok", "n_turns", "n_search", "n_browse", "tool_calls"]
+    table = pa.table({c: schema.array(c, [r[c] for r in rows]) for c in cols})
+    # schema.with_provenance stamps the wall time; demo-world files must be byte-identical per seed
+    rec = {"stage": "demo-world", "version": __version__, "time": None, "config": config}
+    return table.replace_schema_metadata({schema.META_KEY: json.dumps({"provenance": [rec]}).encode()})
+
+
+def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, test: int = 100, sft: int = 200,
+         context=None) -> dict:
+    """Write the demo world into the folder `out` (replaced atomically); return a summary."""
+    from atomcli import metrics, search_local, tableio
+    from atomcli.context import Context
+    from atomcli.tools import ToolBox
+
+    ctx = context or Context(quiet=True)
+    if articles < MIN_ARTICLES:
+        raise InputError(f"--articles {articles} is too small", hint=f"use at least {MIN_ARTICLES}")
+    if min(train, test, sft) < 0 or train + test == 0:
+        raise InputError("--train, --test and --sft must be >= 0 and there must be some questions")
+    if sft > train:
+        raise InputError(f"--sft {sft} exceeds --train {train}", hint="SFT questions come from the train split only")
+    dest = Path(out)
+    if dest.exists() and (not dest.is_dir() or (any(dest.iterdir()) and not (dest / "corpus.jsonl").exists())):
+        raise InputError("exists and is not a demo-world folder; refusing to replace it", file=out,
+                         hint="choose a new --out folder")
+    world, train_q, test_q = generate(seed, articles, train, test)
+    docs = render_articles(world, seed)
+    config = {"seed": seed, "articles": articles, "train": train, "test": test, "sft": sft, "k": SFT_K,
+              "date": SYSTEM_DATE}
+    with tableio.atomic_dir(dest) as tmp:
+        (tmp / "corpus.jsonl").write_bytes(_jsonl(docs))
+        (tmp / "train.jsonl").write_bytes(_jsonl([q.row() for q in train_q]))
+        (tmp / "test.jsonl").write_bytes(_jsonl([q.row() for q in test_q]))
+        index = str(tmp / "index.sqlite")
+        search_local.build_index(str(tmp / "corpus.jsonl"), index)
+        spec = "local:" + index
+        rows, dropped = [], 0
+        toolbox = ToolBox(spec, ctx, k=SFT_K)
+        try:
+            expert = Expert(toolbox, world, seed)
+            for q in train_q:
+                if len(rows) >= sft:
+                    break
+                row = expert.solve(q)
+                if row["format_ok"] and metrics.f1(row["answer"], q.golden_answers) == 1.0:
+                    rows.append(row)
+                else:
+                    dropped += 1
+        finally:
+            toolbox.close()
+            toolbox.backend.close()
+            ctx.forget(("search", spec, ()))  # its path is a temporary folder about to be renamed
+        tableio.write_bytes_atomic(tmp / "sft.parquet", tableio.table_bytes(sft_table(rows, config), "parquet"))
+    hops = {f"demo_{h}hop": sum(q.data_source == f"demo_{h}hop" for q in train_q + test_q) for h in (1, 2, 3, 4)}
+    ctx.log(f"[green]wrote[/] {out}: {len(docs):,} articles, {len(train_q)} train / {len(test_q)} test questions "
+            f"({', '.join(f'{k}: {v}' for k, v in hops.items())}), {len(rows)} SFT trajectories"
+            + (f" ({dropped} expert failures dropped)" if dropped else ""))
+    return {"articles": len(docs), "train": len(train_q), "test": len(test_q), "sft": len(rows),
+            "dropped": dropped, "hops": hops}
+
+
+
+# --- a loopback web server for the corpus -------------------------------------------------------------------
+
+def page_html(doc: dict) -> str:
+    t = html.escape(doc.get("title", ""))
+    body = "".join(f"<p>{html.escape(s)}</p>" for s in re.split(r"(?<=\.) (?=[A-Z])", doc.get("contents", "")))
+    return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{t}</title></head>"
+            f"<body><article><h1>{t}</h1>{body}</article></body></html>")
+
+
+def serve(corpus_path: str, host: str = "127.0.0.1", port: int = 0):
+    """Serve each article at /doc/<id> (HTML) from a daemon thread; return (server, base_url).
+
+    `server.shutdown()` stops it. The corpus is read once into memory (the demo's is ~1 MB)."""
+    import http.server
+
+    import orjson
+    docs = {}
+    with open(corpus_path, "rb") as f:
+        for line in f:
+            if line.strip():
+                d = orjson.loads(line)
+                docs[str(d["id"])] = d
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's naming)
+            path = urllib.parse.urlparse(self.path).path
+            if path.startswith("/doc/") and urllib.parse.unquote(path[5:]) in docs:
+                self._send(200, page_html(docs[urllib.parse.unquote(path[5:])]))
+            elif path == "/":
+                links = "".join(f'<li><a href="/doc/{urllib.parse.quote(i, safe="")}">{html.escape(d.get("title", i))}</a></li>'
+                                for i, d in docs.items())
+                self._send(200, f"<!doctype html><html><head><title>Demo world</title></head><body><ul>{links}</ul></body></html>")
+            else:
+                self._send(404, "<!doctype html><html><body><h1>Not found</h1></body></html>")
+
+        def _send(self, code: int, text: str):
+            data = text.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):  # keep stderr quiet in tests
+            pass
+
+    server = http.server.ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True, name="demo-world-http").start()
+    return server, f"http://{host}:{server.server_address[1]}"
