@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import random
 import re
 import threading
@@ -82,15 +83,26 @@ class Namer:
 
 # --- the world ---------------------------------------------------------------------------------------
 
-WORK_KINDS = {  # kind: (creator occupation, creator noun, made verb, active verb, org category, pub verb, title nouns)
-    "novel": ("novelist", "author", "written", "wrote", "publisher", "published",
-              ("Chronicles", "Inheritance", "Crossing", "Harvest", "Letters", "Winter")),
-    "poetry collection": ("poet", "author", "written", "wrote", "publisher", "published",
-                          ("Elegies", "Verses", "Odes", "Psalms", "Sonnets")),
-    "symphony": ("composer", "composer", "composed", "composed", "orchestra", "premiered",
-                 ("Symphony", "Nocturne", "Requiem", "Overture", "Suite")),
-    "painting": ("painter", "painter", "painted", "painted", "gallery", "exhibited",
-                 ("Triptych", "Portrait", "Landscape", "Panorama", "Study")),
+@dataclass(frozen=True)
+class WorkKind:
+    occupation: str     # who makes it: novelist, composer, ...
+    maker: str          # "the {maker} of X": author, composer, painter
+    made: str           # "was {made} in 1903": written, composed, painted
+    active: str         # "who {active} X?": wrote, composed, painted
+    category: str       # the kind of organisation that publishes it (ORG_KINDS)
+    pub: str            # "the orchestra that {pub} X": published, premiered, exhibited
+    titles: tuple       # the common noun in its title
+
+
+WORK_KINDS = {
+    "novel": WorkKind("novelist", "author", "written", "wrote", "publisher", "published",
+                      ("Chronicles", "Inheritance", "Crossing", "Harvest", "Letters", "Winter")),
+    "poetry collection": WorkKind("poet", "author", "written", "wrote", "publisher", "published",
+                                  ("Elegies", "Verses", "Odes", "Psalms", "Sonnets")),
+    "symphony": WorkKind("composer", "composer", "composed", "composed", "orchestra", "premiered",
+                         ("Symphony", "Nocturne", "Requiem", "Overture", "Suite")),
+    "painting": WorkKind("painter", "painter", "painted", "painted", "gallery", "exhibited",
+                         ("Triptych", "Portrait", "Landscape", "Panorama", "Study")),
 }
 ORG_KINDS = {  # category: (noun in text, name suffixes)
     "publisher": ("publishing house", ("Press", "Editions", "Books")),
@@ -181,14 +193,19 @@ def build_world(seed: int, articles: int) -> World:
             ents[pid].facts["alma_mater"] = rng.choice(orgs_of["university"])
 
     kinds = list(WORK_KINDS)
-    creators = {k: [p for p in people if ents[p].info["occupation"] == WORK_KINDS[k][0]] for k in kinds}
+    creators = {k: [p for p in people if ents[p].info["occupation"] == WORK_KINDS[k].occupation] for k in kinds}
     for i in range(n_work):
         kind = kinds[i % len(kinds)]
-        w = add("work", i, f"{namer.word()} {rng.choice(WORK_KINDS[kind][6])}", work_kind=kind)
+        w = add("work", i, f"{namer.word()} {rng.choice(WORK_KINDS[kind].titles)}", work_kind=kind)
         creator = rng.choice(creators[kind])
         w.facts["creator"] = creator
         w.facts["work_year"] = min(2020, ents[creator].facts["birth_year"] + rng.randint(20, 60))
-        w.facts["publisher"] = rng.choice(orgs_of[WORK_KINDS[kind][4]])
+        pool = orgs_of[WORK_KINDS[kind].category]
+        existing = [o for o in pool if ents[o].facts["org_founded"] <= w.facts["work_year"]]  # no anachronisms
+        if not existing:  # older than every such organisation: it appeared once the first one existed
+            existing = [min(pool, key=lambda o: ents[o].facts["org_founded"])]
+            w.facts["work_year"] = ents[existing[0]].facts["org_founded"] + rng.randint(0, 10)
+        w.facts["publisher"] = rng.choice(existing)
     return World(ents, by_kind)
 
 
@@ -198,13 +215,30 @@ def _a(noun: str) -> str:
     return ("an " if noun[0] in "aeiou" else "a ") + noun
 
 
+def _listing(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def _sentences_person(e: Entity, w: World, rng: random.Random) -> list[str]:
     f, pr, n = e.facts, e.info["pronoun"], e.name
     city = w.get(f["birthplace"])
     country = w.get(city.facts["country"]).name
     s = [f"{n} is {_a(e.info['occupation'])} from {country}.",
          rng.choice((f"{pr} was born in {city.name} in {f['birth_year']}.",
-                     f"{pr} was born in {f['birth_year']} in the city of {city.name}."))]
+                     f"{pr} was born in {f['birth_year']} in the city of {city.name}.")),
+         # career, works and foundings come before the mentor and university, so that a 48-word
+         # snippet does not always reach them and the page must be read (as on the real web)
+         rng.choice((f"{pr} spent {rng.randint(3, 12)} years working in {w.get(rng.choice(w.by_kind['city'])).name} "
+                     "before returning home.",
+                     f"{'Her' if pr == 'She' else 'His'} early work drew on the folk songs of "
+                     f"{w.get(rng.choice(w.by_kind['country'])).name}.",
+                     f"{pr} corresponded for decades with {w.get(rng.choice(w.by_kind['person'])).name}."))]
+    works = [x for x in w.by_kind["work"] if w.get(x).facts["creator"] == e.id][:3]
+    if works:
+        s.append(f"{pr} is best known for {_listing([w.get(x).name for x in works])}.")
+    founded = [o for o in w.by_kind["org"] if w.get(o).facts["founder"] == e.id][:2]
+    for o in founded:
+        s.append(f"In {w.get(o).facts['org_founded']}, {pr.lower()} founded {w.get(o).name}.")
     if "mentor" in f:
         m = w.get(f["mentor"])
         s.append(rng.choice((f"{pr} studied under {m.name}.",
@@ -212,14 +246,8 @@ def _sentences_person(e: Entity, w: World, rng: random.Random) -> list[str]:
     if "alma_mater" in f:
         s.append(rng.choice((f"{pr} attended {w.get(f['alma_mater']).name}.",
                              f"{pr} was educated at {w.get(f['alma_mater']).name}.")))
-    works = [x for x in w.by_kind["work"] if w.get(x).facts["creator"] == e.id][:3]
-    if works:
-        s.append(f"{pr} is best known for " + " and ".join(w.get(x).name for x in works) + ".")
-    founded = [o for o in w.by_kind["org"] if w.get(o).facts["founder"] == e.id][:2]
-    for o in founded:
-        s.append(f"In {w.get(o).facts['org_founded']}, {pr.lower()} founded {w.get(o).name}.")
     s.append(rng.choice((f"{pr} later settled in {w.get(rng.choice(w.by_kind['city'])).name}.",
-                         f"Critics have compared {pr == 'She' and 'her' or 'his'} work to that of "
+                         f"Critics have compared {'her' if pr == 'She' else 'his'} work to that of "
                          f"{w.get(rng.choice(w.by_kind['person'])).name}.",
                          f"{pr} travelled widely and kept detailed notebooks.")))
     return s
@@ -234,9 +262,9 @@ def _sentences_org(e: Entity, w: World, rng: random.Random) -> list[str]:
         [f"Founded by {founder} in {f['org_founded']}, {n} is {_a(noun)} headquartered in {hq}."]))
     works = [x for x in w.by_kind["work"] if w.get(x).facts["publisher"] == e.id][:2]
     if works:
-        verb = WORK_KINDS[w.get(works[0]).info["work_kind"]][5]
-        s.append(f"Among the works it {verb} {'are' if len(works) > 1 else 'is'} "
-                 + " and ".join(w.get(x).name for x in works) + ".")
+        verb = WORK_KINDS[w.get(works[0]).info["work_kind"]].pub
+        names = [w.get(x).name for x in works]
+        s.append(f"Among the works it {verb} {'are' if len(names) > 1 else 'is'} {_listing(names)}.")
     s.append(rng.choice((f"Its archive holds letters by {w.get(rng.choice(w.by_kind['person'])).name}.",
                          "It moved into its present building after a fire destroyed the first one.",
                          f"It is funded by a trust set up in {rng.randint(1850, 2000)}.")))
@@ -245,7 +273,7 @@ def _sentences_org(e: Entity, w: World, rng: random.Random) -> list[str]:
 
 def _sentences_work(e: Entity, w: World, rng: random.Random) -> list[str]:
     f, n, kind = e.facts, e.name, e.info["work_kind"]
-    _occ, _noun, made, _active, _cat, pub, _titles = WORK_KINDS[kind]
+    made, pub = WORK_KINDS[kind].made, WORK_KINDS[kind].pub
     creator, publisher = w.get(f["creator"]).name, w.get(f["publisher"]).name
     s = [rng.choice((f"{n} is {_a(kind)} by {creator}, {made} in {f['work_year']}.",
                      f"{n} ({f['work_year']}) is {_a(kind)} by {creator}.")),
@@ -264,7 +292,7 @@ def _sentences_city(e: Entity, w: World, rng: random.Random) -> list[str]:
          f"It was founded in {f['city_founded']}."]
     orgs = [o for o in w.by_kind["org"] if w.get(o).facts["hq"] == e.id][:2]
     if orgs:
-        s.append(f"{n} is home to " + " and ".join(w.get(o).name for o in orgs) + ".")
+        s.append(f"{n} is home to {_listing([w.get(o).name for o in orgs])}.")
     s.append(rng.choice(("A river crosses the old town.", "Its market square dates from the founding.",
                          "The city is known for its bridges.")))
     return s
@@ -276,7 +304,7 @@ def _sentences_country(e: Entity, w: World, rng: random.Random) -> list[str]:
     s = [rng.choice((f"{n}, officially the {form} of {n}, is a country whose capital is {cap}.",
                      f"{n} (the {form} of {n}) is a country. Its capital is {cap}."))]
     if cities:
-        s.append("Other cities include " + ", ".join(w.get(c).name for c in cities) + ".")
+        s.append(f"Other cities include {_listing([w.get(c).name for c in cities])}.")
     return s
 
 
@@ -368,9 +396,9 @@ def kind_words(e: Entity) -> dict:
     """Words that depend on a work's kind (author/composer, published/premiered, ...)."""
     if e.kind != "work":
         return {}
-    occ, maker, made, active, cat, pub, _ = WORK_KINDS[e.info["work_kind"]]
-    return {"maker": maker, "made": made, "active": active, "org": ORG_KINDS[cat][0], "pub": pub,
-            "kind": e.info["work_kind"]}
+    wk = WORK_KINDS[e.info["work_kind"]]
+    return {"maker": wk.maker, "made": wk.made, "active": wk.active, "org": ORG_KINDS[wk.category][0],
+            "pub": wk.pub, "kind": e.info["work_kind"]}
 
 
 @dataclass
@@ -381,7 +409,7 @@ class Question:
     data_source: str
     anchor: str                 # entity id named in the question
     chain: list[str]            # relation names, first hop first
-    path: list[str]             # entity ids visited (anchor first); the answer's id or year last
+    path: list                  # entity ids visited (anchor first); the answer's id or year last
 
     def row(self) -> dict:
         return {"id": self.id, "question": self.question, "golden_answers": self.golden_answers,
@@ -399,10 +427,6 @@ def answer_aliases(world: World, value) -> list[str]:
     return [e.name]
 
 
-def _follow(world: World, eid: str, rel: str):
-    return world.get(eid).facts.get(rel)
-
-
 def make_question(world: World, hops: int, rng: random.Random) -> Question | None:
     """One random chain of `hops` relations from a random anchor; None when the walk dead-ends."""
     kind = rng.choice(("person", "org", "work", "work", "city", "country") if hops > 1 else
@@ -410,16 +434,14 @@ def make_question(world: World, hops: int, rng: random.Random) -> Question | Non
     anchor = rng.choice(world.by_kind[kind])
     chain, path = [], [anchor]
     for i in range(hops):
-        here = path[-1]
-        if isinstance(here, int):
-            return None
+        here = path[-1]  # an entity id: years are only reachable on the last hop
         options = [r for r in OUT_OF[world.get(here).kind] if r.name in world.get(here).facts
                    and (i == hops - 1 or r.range != "year") and (not chain or (chain[-1], r.name) not in INVERSE)]
         if not options:
             return None
         r = rng.choice(options)
         chain.append(r.name)
-        path.append(_follow(world, here, r.name))
+        path.append(world.get(here).facts[r.name])
     if len(set(map(str, path))) != len(path):  # visits an entity twice (e.g. a mentor loop)
         return None
     a = world.get(anchor)
@@ -467,7 +489,8 @@ def generate(seed: int, articles_n: int, train: int, test: int) -> tuple[World, 
 RESULT_RE = re.compile(r"^\d+\. (?P<title>.*)\n   url: (?P<url>\S*)\n   (?P<snippet>.*)$", re.M)
 
 OBS = ("The {t} article says {fact}.", "According to its article, {fact}.", "The result for {t} states that {fact}.")
-PLAN_FIRST = ("This is a {h}-hop question. First find {goal}.", "Break the question into {h} lookups, starting with {goal}.",
+PLAN_FIRST = ("This is a {h}-hop question. First find {goal}.",
+              "Break the question into {h} lookups, starting with {goal}.",
               "The chain has {h} links; the first is {goal}.")
 PLAN_ONE = ("Find {goal}.", "Look up {goal} directly.")
 PLAN_NEXT = ("Next find {goal}.", "Now look up {goal}.", "The next link is {goal}.")
@@ -500,8 +523,7 @@ class Expert:
         calls: list[dict] = []
         anchor = self.world.get(q.anchor)
         words = kind_words(anchor)
-        subject, found = anchor.name, [anchor.name]
-        units: list[tuple[str, str]] = []
+        subject, found = anchor.name, [anchor.name]  # found: the chain as read from the tools
 
         def goal(i: int, s: str) -> str:
             return REL[q.chain[i]].goal.format(s=s, **words)
@@ -509,9 +531,9 @@ class Expert:
         def act(units: list[tuple[str, str]], name: str, args: dict) -> str:
             call = {"name": name, "arguments": args}
             think = "".join(f"<{t}>{x}</{t}>" for t, x in units)
-            msgs.append({"role": "assistant",
-                         "content": f"<think>{think}</think><tool_call>{json.dumps(call, ensure_ascii=False)}</tool_call>"})
-            parsed = af.parse_tool_call(json.dumps(call, ensure_ascii=False))
+            raw = json.dumps(call, ensure_ascii=False)
+            msgs.append({"role": "assistant", "content": f"<think>{think}</think><tool_call>{raw}</tool_call>"})
+            parsed = af.parse_tool_call(raw)  # exactly what a rollout would parse from this turn
             res = self.tb.run(parsed, traj_id)
             calls.append({"turn": sum(m["role"] == "assistant" for m in msgs), "name": name,
                           "arguments": json.dumps(parsed.arguments, ensure_ascii=False), "ok": bool(res.ok),
@@ -557,7 +579,8 @@ class Expert:
             found.append(value)
             if i + 1 < h:
                 if rng.random() < 0.35:
-                    units.append(("HYPOTHESIS_TESTING", rng.choice(HYPOTHESIS).format(v=value, goal=goal(i + 1, value))))
+                    hyp = rng.choice(HYPOTHESIS).format(v=value, goal=goal(i + 1, value))
+                    units.append(("HYPOTHESIS_TESTING", hyp))
                 units.append(("PLAN", rng.choice(PLAN_NEXT).format(goal=goal(i + 1, value))))
         answer = found[-1] if len(found) == h + 1 else "unknown"
         if answer != "unknown" and h > 1:
@@ -589,7 +612,8 @@ class Expert:
             texts = [obs]
         for text in texts:
             for pat in rel.patterns:
-                for m in re.finditer(pat + r"(?=[.,;:)]| [a-z(]|\s*$)", text):
+                m = re.search(pat + r"(?=[.,;:)]| [a-z(]|\s*$)", text)  # a value then a clause boundary
+                if m:
                     return m["v"], own
         return None, own
 
@@ -637,6 +661,7 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
     config = {"seed": seed, "articles": articles, "train": train, "test": test, "sft": sft, "k": SFT_K,
               "date": SYSTEM_DATE}
     with tableio.atomic_dir(dest) as tmp:
+        os.chmod(tmp, search_local.default_mode(0o777))  # mkdtemp makes 0700
         (tmp / "corpus.jsonl").write_bytes(_jsonl(docs))
         (tmp / "train.jsonl").write_bytes(_jsonl([q.row() for q in train_q]))
         (tmp / "test.jsonl").write_bytes(_jsonl([q.row() for q in test_q]))
@@ -659,7 +684,7 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
             toolbox.close()
             toolbox.backend.close()
             ctx.forget(("search", spec, ()))  # its path is a temporary folder about to be renamed
-        tableio.write_bytes_atomic(tmp / "sft.parquet", tableio.table_bytes(sft_table(rows, config), "parquet"))
+        (tmp / "sft.parquet").write_bytes(tableio.table_bytes(sft_table(rows, config), "parquet"))
     hops = {f"demo_{h}hop": sum(q.data_source == f"demo_{h}hop" for q in train_q + test_q) for h in (1, 2, 3, 4)}
     ctx.log(f"[green]wrote[/] {out}: {len(docs):,} articles, {len(train_q)} train / {len(test_q)} test questions "
             f"({', '.join(f'{k}: {v}' for k, v in hops.items())}), {len(rows)} SFT trajectories"
@@ -695,12 +720,14 @@ def serve(corpus_path: str, host: str = "127.0.0.1", port: int = 0):
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's naming)
             path = urllib.parse.urlparse(self.path).path
-            if path.startswith("/doc/") and urllib.parse.unquote(path[5:]) in docs:
-                self._send(200, page_html(docs[urllib.parse.unquote(path[5:])]))
+            doc_id = urllib.parse.unquote(path[5:]) if path.startswith("/doc/") else None
+            if doc_id in docs:
+                self._send(200, page_html(docs[doc_id]))
             elif path == "/":
-                links = "".join(f'<li><a href="/doc/{urllib.parse.quote(i, safe="")}">{html.escape(d.get("title", i))}</a></li>'
-                                for i, d in docs.items())
-                self._send(200, f"<!doctype html><html><head><title>Demo world</title></head><body><ul>{links}</ul></body></html>")
+                links = "".join(f'<li><a href="/doc/{urllib.parse.quote(i, safe="")}">'
+                                f'{html.escape(d.get("title", i))}</a></li>' for i, d in docs.items())
+                self._send(200, "<!doctype html><html><head><title>Demo world</title></head>"
+                                f"<body><ul>{links}</ul></body></html>")
             else:
                 self._send(404, "<!doctype html><html><body><h1>Not found</h1></body></html>")
 

@@ -8,6 +8,12 @@ tokens, BM25 with the title weighted above the body. The index is one SQLite fil
 - `fts`: an external-content FTS5 table over `docs(title, contents)` (no second copy);
 - `meta(key, value)`: format tag, engine, document count, corpus file name.
 
+Queries: every word is quoted and the words are OR-ed (so FTS5 syntax in model output is
+plain text), English function words are dropped unless nothing else is left, and at most 32
+terms are kept. Ranking is then exact BM25 over the remaining terms: FTS5 scores every
+document that matches any term, so latency grows with how common the query's words are
+(bench/bench_search.py measures both an English-like and a worst-case corpus).
+
 `build_index` streams the corpus (JSONL line by line, Parquet batch by batch) so 100k+
 document dumps never sit in memory as Python objects, and writes to a temporary file that is
 renamed into place only when the build succeeded. `LocalIndex` answers any query a model can
@@ -54,6 +60,13 @@ will with would you your""".split())
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
+def default_mode(mode: int) -> int:
+    """`mode` filtered by the process umask (what open() would have given the file)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mode & ~mask
+
+
 def local_url(doc_id: str) -> str:
     return LOCAL_PREFIX + urllib.parse.quote(str(doc_id), safe="")
 
@@ -92,6 +105,7 @@ def build_index(corpus_path: str, out: str, *, engine: str = "fts5", context=Non
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     os.close(fd)
+    os.chmod(tmp, default_mode(0o666))  # mkstemp makes 0600; an index is as shareable as any output
     try:
         n = _build(_iter_docs(corpus_path, name), tmp, name, log)
         os.replace(tmp, dest)
@@ -128,12 +142,11 @@ def _build(docs: Iterator[tuple[int, dict]], path: str, name: str, log) -> int:
         if n == 0:
             raise InputError("corpus has no documents", file=name,
                              hint="expected JSONL/Parquet rows with id, title, contents (or text)")
-        con.executescript(f"""
+        con.executescript("""
             CREATE INDEX docs_url ON docs(url);
             CREATE VIRTUAL TABLE fts USING fts5(title, contents, content='docs', content_rowid='rowid',
                                                 tokenize='porter unicode61 remove_diacritics 2');
             INSERT INTO fts(fts) VALUES('rebuild');
-            INSERT INTO fts(fts, rank) VALUES('rank', 'bm25({TITLE_WEIGHT}, {BODY_WEIGHT})');
             INSERT INTO fts(fts) VALUES('optimize');
         """)
         # Only the file's base name: the index bytes must not depend on where it was built.
@@ -213,7 +226,15 @@ def _parquet_rows(stream, name: str) -> Iterator[tuple[int, dict]]:
                              hint="expected columns id, title, contents (or text), optional url")
     wanted = [c for c in ("id", "title", "contents", "text", "url") if c in cols]
     line = 0
-    for batch in pf.iter_batches(batch_size=BATCH, columns=wanted):
+    batches = pf.iter_batches(batch_size=BATCH, columns=wanted)
+    while True:
+        try:  # a damaged data page surfaces only when its batch is decoded
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as e:
+            raise InputError(f"corrupt Parquet data after line {line} ({str(e).splitlines()[0]})", file=name,
+                             row=line, hint="the file may be truncated or corrupted; rewrite it") from None
+        if batch is None:
+            break
         for row in batch.to_pylist():
             line += 1
             yield line, row
@@ -292,10 +313,10 @@ class LocalIndex:
         if not expr or k <= 0:
             return []
         con = self._con()
-        # Rank first, then build snippets for the top k only: in a single SELECT, SQLite
-        # would compute snippet() for every matching row before sorting (10x slower at 100k).
-        top = con.execute("SELECT rowid FROM fts WHERE fts MATCH ? ORDER BY rank LIMIT ?",
-                          (expr, int(k))).fetchall()
+        # Rank on rowids alone, then fetch title, url and snippet for the k winners only.
+        # bm25() with explicit weights is ~30% faster than ORDER BY rank with a rank config.
+        top = con.execute(f"SELECT rowid FROM fts WHERE fts MATCH ? ORDER BY bm25(fts, {TITLE_WEIGHT}, {BODY_WEIGHT}) "
+                          "LIMIT ?", (expr, int(k))).fetchall()
         out = []
         for (rowid,) in top:
             title, url, snip = con.execute(
