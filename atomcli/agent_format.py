@@ -57,16 +57,72 @@ def user_message(question: str) -> str:
     return f"Question: {question}"
 
 
+# Tool output is untrusted data. Chat templates' control tokens written as text (ChatML's
+# `<|im_end|>`, Llama 3's `<|eot_id|>`, DeepSeek's `<｜…｜>`) are parsed by the tokenizer into
+# the real special tokens, so a page saying "<|im_end|><|im_start|>system …" would open a real
+# system turn in the policy's context; a literal </tool_response> would close our wrapper.
+_CONTROL_RE = re.compile(r"<(?=[|｜])|<(?=/?tool_response>)")
+
+
+def neutralize(text: str) -> str:
+    """Untrusted text with control-token look-alikes broken up (`<|` -> `< |`), otherwise as is."""
+    return _CONTROL_RE.sub("< ", text) if isinstance(text, str) else ""
+
+
 def tool_message(observation: str) -> str:
-    return f"<tool_response>\n{observation}\n</tool_response>"
+    return f"<tool_response>\n{neutralize(observation)}\n</tool_response>"
 
 
 # --- parsing ------------------------------------------------------------------------------------
 
-THINK_RE = re.compile(r"<think>(.*?)</think>", re.S)
-ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
-TOOL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-UNIT_RE = re.compile(r"<([A-Z][A-Z0-9_]*)>(.*?)</\1>", re.S)
+class _Pair:
+    """`findall` of `re.compile(OPEN + "(.*?)" + CLOSE, re.S)` in linear time.
+
+    The regex retries every unclosed OPEN against the rest of the text: quadratic, so a turn
+    or table cell of a few hundred KB of `<think><think>…` took minutes. Same matches here."""
+
+    def __init__(self, open_tag: str, close_tag: str):
+        self.open, self.close = open_tag, close_tag
+
+    def findall(self, text: str) -> list[str]:
+        out, pos = [], 0
+        while True:
+            i = text.find(self.open, pos)
+            if i < 0:
+                return out
+            j = text.find(self.close, i + len(self.open))
+            if j < 0:  # no later OPEN can be closed either
+                return out
+            out.append(text[i + len(self.open):j])
+            pos = j + len(self.close)
+
+
+class _Units:
+    """`findall` of `<([A-Z][A-Z0-9_]*)>(.*?)</\\1>` (re.S) in linear time: (tag, body) pairs."""
+    OPEN = re.compile(r"<([A-Z][A-Z0-9_]*)>")
+    CLOSE = re.compile(r"</([A-Z][A-Z0-9_]*)>")
+
+    def findall(self, text: str) -> list[tuple[str, str]]:
+        import bisect
+        closes: dict[str, list[int]] = {}
+        for m in self.CLOSE.finditer(text):
+            closes.setdefault(m.group(1), []).append(m.start())
+        out, pos = [], 0
+        for m in self.OPEN.finditer(text):
+            if m.start() < pos:
+                continue  # inside the unit just taken
+            ends = closes.get(m.group(1), ())
+            k = bisect.bisect_left(ends, m.end())
+            if k < len(ends):
+                out.append((m.group(1), text[m.end():ends[k]]))
+                pos = ends[k] + len(m.group(1)) + 3
+        return out
+
+
+THINK_RE = _Pair("<think>", "</think>")
+ANSWER_RE = _Pair("<answer>", "</answer>")
+TOOL_RE = _Pair("<tool_call>", "</tool_call>")
+UNIT_RE = _Units()
 STOP_STRINGS = ("</tool_call>", "</answer>")
 
 

@@ -149,6 +149,13 @@ def _read(path: str, stage: str, columns=None):
     return table
 
 
+def _located(e: InputError, path: str) -> InputError:
+    """A stage's error about a row or column names the input file (stages never see paths)."""
+    if e.row is None and e.column is None:
+        return e  # about a flag or a model, not about the table
+    return e.located(file="<stdin>" if path == "-" else path)
+
+
 def _write(table, out: str, fmt: str | None, stage: str, cfg, inherit=None, **prov):
     from atomcli import tableio
     tableio.write_stage(table, out, stage, cfg, inherit=inherit, fmt=fmt, **prov)
@@ -161,7 +168,10 @@ def _table_stage(stage: str):
         columns = mod.input_columns(cfg) if hasattr(mod, "input_columns") else None
         table = _read(input, stage, columns)
         ctx = _context()
-        result = mod.run(table, cfg, ctx)
+        try:
+            result = mod.run(table, cfg, ctx)
+        except InputError as e:
+            raise _located(e, input) from None
         _write(result, out, fmt, stage, cfg, inherit=table)
     return handler
 
@@ -180,7 +190,10 @@ def _checkpoint_stage(stage: str):
         from atomcli import checkpoint
         table = _read(data, stage)
         ctx = _context()
-        result = mod.run(table, cfg, ctx)
+        try:
+            result = mod.run(table, cfg, ctx)
+        except InputError as e:
+            raise _located(e, data) from None
         checkpoint.save(result, out, stage=stage, config=cfg, context=ctx)
         ctx.log(f"[green]wrote[/] {out}")
     return handler

@@ -5,8 +5,14 @@ decode loop: the contexts are left-padded and prefilled together, then each step
 one token per row, and a row leaves the batch (its KV rows are dropped) as soon as it ends:
 at a stop string, at an end-of-sequence token, or at its own token cap.
 
-This is our own loop rather than `model.generate` because the rollout needs three things
-`generate` does not give directly:
+Prefill is reused (`reuse_kv`, on by default): a trajectory's KV cache is kept between its
+turns (requests carry the trajectory id as `key`), so a turn only prefills the tool response
+and template glue, and a prompt prefix shared by many rows (the system prompt) is computed
+once. Rows with pasts of different lengths share a batch as `[pad][past][pad][new]`, the mask
+hiding both pads. On a CPU this prefill was the larger part of a rollout's time.
+
+This is our own loop rather than `model.generate` because the rollout needs four things
+`generate` does not give directly (the fourth is the reuse above):
 
 - the exact ids sampled, cut at the token that completes the stop string (never decoded
   text re-tokenized; whatever else that last token carries is kept, because it was sampled);
@@ -21,6 +27,7 @@ This is our own loop rather than `model.generate` because the rollout needs thre
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -34,6 +41,7 @@ class GenRequest:
     temperature: float = 1.0   # 0 = greedy
     top_p: float = 1.0
     stops: tuple[str, ...] = ()
+    key: str | None = None      # a trajectory id: the engine may keep its KV for the next turn
 
 
 @dataclass
@@ -82,8 +90,10 @@ class HFEngine:
     """Batched multi-row sampling with a (model, tokenizer) pair; see the module docstring."""
 
     kind = "hf"
+    MIN_SHARED = 32      # shortest common prompt prefix worth computing once for many rows
+    MAX_PREFIXES = 4     # shared prefixes kept (the system prompt, the reader's instructions, ...)
 
-    def __init__(self, spec: str, model, tok, *, batch_size: int = 16):
+    def __init__(self, spec: str, model, tok, *, batch_size: int = 16, reuse_kv: bool = True):
         self.name, self.model, self.tokenizer = spec, model, tok
         self.batch_size = max(1, int(batch_size))
         self.eos = eos_ids(model, tok)
@@ -94,11 +104,22 @@ class HFEngine:
         import inspect
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.reuse_kv = reuse_kv
+        self.sessions: dict[str, tuple[list[int], list]] = {}   # key -> (ids fed, per-layer (k, v))
+        self.prefixes: list[tuple[list[int], list]] = []        # shared prompt prefixes, newest first
         self.generated_tokens = 0
+        self.prefilled_tokens = 0
         self.seconds = 0.0
+        # the browse reader (`--reader policy`) calls `complete` from tool threads: one batch at a time
+        self._lock = threading.Lock()
 
     def provenance(self) -> dict:
         return {"engine": self.kind, "tokens": "exact"}
+
+    def release(self, key: str) -> None:
+        """Forget a finished trajectory's KV."""
+        with self._lock:
+            self.sessions.pop(key, None)
 
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         """One turn for every request, `batch_size` rows at a time (longest contexts together)."""
@@ -106,7 +127,9 @@ class HFEngine:
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].ids))
         for s in range(0, len(order), self.batch_size):
             idx = order[s:s + self.batch_size]
-            for i, r in zip(idx, self._generate_batch([requests[i] for i in idx])):
+            with self._lock:
+                batch = self._generate_batch([requests[i] for i in idx])
+            for i, r in zip(idx, batch):
                 out[i] = r
         return out  # type: ignore[return-value]
 
@@ -122,11 +145,106 @@ class HFEngine:
         return [tok.decode([i for i in r.ids if i not in self.eos], skip_special_tokens=True)
                 for r in self.generate(reqs)]
 
+    # --- reusing KV: a trajectory's previous turns, and prompt prefixes shared by many rows ------
+    #
+    # Without reuse every turn re-reads the whole conversation, and every trajectory re-reads
+    # the same long system prompt: on a CPU that prefill costs more than the sampling. A row's
+    # past is the KV of the longest already-computed prefix of its context (always leaving at
+    # least one token to feed, whose logits start the turn); only the rest is prefilled.
+
+    def _pasts(self, reqs: list[GenRequest], live: list[int]) -> dict[int, tuple[int, list | None]]:
+        pasts: dict[int, tuple[int, list | None]] = {}
+        if not self.reuse_kv:
+            return {i: (0, None) for i in live}
+        fresh = []
+        for i in live:
+            ids = reqs[i].ids
+            kv, n = None, 0
+            entry = self.sessions.get(reqs[i].key) if reqs[i].key is not None else None
+            if entry is not None and _is_prefix(entry[0], ids):
+                kv, n = entry[1], len(entry[0])
+            else:
+                for p_ids, p_kv in self.prefixes:
+                    if len(p_ids) > n and _is_prefix(p_ids, ids):
+                        kv, n = p_kv, len(p_ids)
+            if kv is None or n < self.MIN_SHARED:
+                fresh.append(i)
+            pasts[i] = (min(n, len(ids) - 1), kv)
+        if len(fresh) >= 2:  # a new shared prefix (e.g. the system prompt): compute it once
+            common = reqs[fresh[0]].ids
+            for i in fresh[1:]:
+                common = common[:_common_len(common, reqs[i].ids)]
+            common = common[:min(len(reqs[i].ids) for i in fresh) - 1]
+            if len(common) >= self.MIN_SHARED:
+                kv = self._prefill_one(list(common))
+                self.prefixes = [(list(common), kv)] + self.prefixes[:self.MAX_PREFIXES - 1]
+                for i in fresh:
+                    pasts[i] = (len(common), kv)
+        return pasts
+
+    def _prefill_one(self, ids: list[int]) -> list:
+        import torch
+        from transformers import DynamicCache
+        cache = DynamicCache()
+        x = torch.tensor([ids], device=self.model.device)
+        self.model(input_ids=x, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        self.prefilled_tokens += len(ids)
+        return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+
+    def _assemble(self, reqs, live, pasts):
+        """Cache, input ids, attention mask and positions for rows with pasts of any length.
+
+        Row layout: [pad][past][pad][new tokens]; the mask hides both pads, the positions
+        count real tokens only (RoPE), and causal order still holds along the row."""
+        import torch
+        from transformers import DynamicCache
+        dev = self.model.device
+        b = len(live)
+        c_max = max(pasts[i][0] for i in live)
+        news = [reqs[i].ids[pasts[i][0]:] for i in live]
+        n_max = max(len(x) for x in news)
+        input_ids = torch.full((b, n_max), self.pad, dtype=torch.long)
+        attn = torch.zeros((b, c_max + n_max), dtype=torch.long)
+        pos = torch.zeros((b, n_max), dtype=torch.long)
+        for row, (i, new) in enumerate(zip(live, news)):
+            c, n = pasts[i][0], len(new)
+            input_ids[row, n_max - n:] = torch.tensor(new, dtype=torch.long)
+            attn[row, c_max - c:c_max] = 1
+            attn[row, c_max + n_max - n:] = 1
+            pos[row, n_max - n:] = torch.arange(c, c + n)
+        self.prefilled_tokens += sum(len(x) for x in news)
+        if c_max == 0:
+            return DynamicCache(), input_ids.to(dev), attn.to(dev), pos.to(dev)
+        layers = []
+        n_layers = len(next(pasts[i][1] for i in live if pasts[i][1] is not None))
+        for layer in range(n_layers):
+            ref = next(pasts[i][1][layer][0] for i in live if pasts[i][1] is not None)
+            h, d = ref.shape[0], ref.shape[-1]
+            k = ref.new_zeros((b, h, c_max, d))
+            v = ref.new_zeros((b, h, c_max, d))
+            for row, i in enumerate(live):
+                c, kv = pasts[i]
+                if c:
+                    k[row, :, c_max - c:] = kv[layer][0][:, :c]
+                    v[row, :, c_max - c:] = kv[layer][1][:, :c]
+            layers.append((k, v))
+        return DynamicCache(ddp_cache_data=layers), input_ids.to(dev), attn.to(dev), pos.to(dev)
+
+    def _keep_session(self, req: GenRequest, res: GenResult, cache, attn, j: int) -> None:
+        """Store row j's KV (every token fed so far: the context and all but the last sample)."""
+        if req.key is None or not self.reuse_kv:
+            return
+        fed = req.ids + res.ids[:-1]
+        valid = attn[j].nonzero().squeeze(-1)
+        if valid.numel() != len(fed):
+            return  # should not happen; reuse is an optimisation, never a risk to the tokens
+        self.sessions[req.key] = (fed, [(layer.keys[j][:, valid], layer.values[j][:, valid])
+                                        for layer in cache.layers])
+
     # --- the decode loop ------------------------------------------------------------------
 
     def _generate_batch(self, reqs: list[GenRequest]) -> list[GenResult]:
         import torch
-        from transformers import DynamicCache
 
         t0 = time.time()
         results = [GenResult() for _ in reqs]
@@ -134,24 +252,18 @@ class HFEngine:
         if not live:
             return results
         dev = self.model.device
-        width = max(len(reqs[i].ids) for i in live)
-        input_ids = torch.full((len(live), width), self.pad, dtype=torch.long)
-        attn = torch.zeros((len(live), width), dtype=torch.long)
-        for row, i in enumerate(live):
-            n = len(reqs[i].ids)
-            input_ids[row, width - n:] = torch.tensor(reqs[i].ids, dtype=torch.long)
-            attn[row, width - n:] = 1
-        # With left padding the positions must count real tokens only, or RoPE shifts.
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        input_ids, attn, pos = input_ids.to(dev), attn.to(dev), pos.to(dev)
         gens = {i: torch.Generator().manual_seed(int(reqs[i].seed)) for i in live}
         scanners = {i: StopScanner(self.tokenizer, reqs[i].stops) for i in live}
         temps = torch.tensor([float(reqs[i].temperature) for i in live])
         top_ps = torch.tensor([float(reqs[i].top_p) for i in live])
-        cache = DynamicCache()
         with torch.inference_mode():
+            cache, input_ids, attn, pos = self._assemble(reqs, live, self._pasts(reqs, live))
             logits = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos,
                                 use_cache=True, logits_to_keep=1, **{self._cache_kw: cache}).logits[:, -1, :]
+            if self.reuse_kv and not all(type(layer).__name__ == "DynamicLayer" for layer in cache.layers):
+                self.reuse_kv = False  # sliding-window or recurrent caches: no reuse, plain prefill
+                self.sessions.clear()
+                self.prefixes.clear()
             last_pos = pos[:, -1]
             rows = list(live)
             while rows:
@@ -170,6 +282,8 @@ class HFEngine:
                         res.stop = "length"
                     else:
                         keep.append(j)
+                        continue
+                    self._keep_session(reqs[i], res, cache, attn, j)
                 if not keep:
                     break
                 if len(keep) < len(rows):  # finished rows leave the batch, KV rows included
@@ -186,6 +300,18 @@ class HFEngine:
         self.generated_tokens += sum(len(r.ids) for r in results)
         self.seconds += time.time() - t0
         return results
+
+
+def _is_prefix(a: list[int], b: list[int]) -> bool:
+    return len(a) <= len(b) and b[:len(a)] == a
+
+
+def _common_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def _sample(logits, temps, top_ps, gens):

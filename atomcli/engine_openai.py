@@ -63,13 +63,15 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return base_url.rstrip("/") + "/completions", model.strip()
 
 
-def load_tokenizer(spec: str, context):
+def load_tokenizer(spec: str, context, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     from atomcli import models
     path = models.resolve(spec, context.home, context.log)
     try:
-        return AutoTokenizer.from_pretrained(path)
+        # explicit: left as None, transformers asks on stdin (and prints to stdout) whether to
+        # run a tokenizer folder's own code, so a piped "y" would run it
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise InputError(f"cannot load the tokenizer `{spec}` for the OpenAI engine ({str(e).splitlines()[0][:150]})",
                          hint="pass --tokenizer: a local folder with the served model's tokenizer") from None
@@ -77,7 +79,7 @@ def load_tokenizer(spec: str, context):
 
 def make(config, context) -> "OpenAIEngine":
     url, model = parse_spec(config.model)
-    tok = load_tokenizer(config.tokenizer or model, context)
+    tok = load_tokenizer(config.tokenizer or model, context, config.trust_remote_code)
     return OpenAIEngine(config.model, url, model, tok, concurrency=config.concurrency, timeout=config.timeout,
                         retries=config.retries, prompt_ids=config.prompt_ids)
 
@@ -101,6 +103,9 @@ class OpenAIEngine:
         return {"engine": self.kind, "server": self.url, "prompt": "ids" if self.prompt_ids else "text",
                 "tokens": "retokenized" if self.retokenized else "exact"}
 
+    def release(self, key: str) -> None:
+        """Nothing to free here: prefix caching is the server's business (vLLM does it)."""
+
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         if not requests:
             return []
@@ -120,8 +125,8 @@ class OpenAIEngine:
     # --- one request ------------------------------------------------------------------------
 
     def body(self, req: GenRequest) -> dict:
-        body = {"model": self.model,
-                "prompt": list(req.ids) if self.prompt_ids else self.tokenizer.decode(req.ids, skip_special_tokens=False),
+        prompt = list(req.ids) if self.prompt_ids else self.tokenizer.decode(req.ids, skip_special_tokens=False)
+        body = {"model": self.model, "prompt": prompt,
                 "max_tokens": int(req.max_new_tokens), "temperature": float(req.temperature),
                 "top_p": float(req.top_p), "seed": int(req.seed) % (2**31 - 1), "n": 1, "stream": False,
                 "logprobs": 1,

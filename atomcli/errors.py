@@ -31,8 +31,10 @@ class InputError(Exception):
         return msg.replace("\n", " ")
 
     def located(self, file: str | None = None, row: int | None = None) -> "InputError":
-        """Return a copy that also names the file (and row) where it happened."""
-        return InputError(self.what, file=self.file or file,
+        """Return a copy that also names the file (and row) where it happened.
+
+        A stage that never sees paths names its input `-`; the caller's real name replaces it."""
+        return InputError(self.what, file=self.file if self.file not in (None, "-") else file,
                           row=self.row if self.row is not None else row,
                           column=self.column, hint=self.hint)
 

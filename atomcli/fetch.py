@@ -376,6 +376,9 @@ class Fetcher:
                 if raw_read >= lim.max_bytes and not body.full():
                     body.truncated = True  # compressed stream itself over the cap
                     break
+            if not body.truncated and resp.length:  # closed before the Content-Length it announced
+                raise ToolFault(f"connection to {target.host} closed after {raw_read} of "
+                                f"{raw_read + resp.length} bytes")
             return status, None, Response(url, status, mime, charset, body.bytes(), body.truncated)
         except (TimeoutError, socket.timeout) as e:
             if time.monotonic() >= deadline - 0.05:  # the read was cut short by the deadline

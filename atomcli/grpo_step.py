@@ -137,15 +137,20 @@ def _column_stats(table, adv) -> dict:
 class World:
     rank: int = 0
     size: int = 1
+    comm_device: str = "cpu"  # where collectives run: NCCL only reduces CUDA tensors
 
     @property
     def main(self) -> bool:
         return self.rank == 0
 
     def all_sum(self, tensor):
+        """Sum over ranks (in place where possible); identity in a single process."""
         if self.size > 1:
             import torch.distributed as dist
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            moved = tensor.to(self.comm_device)
+            dist.all_reduce(moved, op=dist.ReduceOp.SUM)
+            if moved is not tensor:
+                tensor.copy_(moved)
         return tensor
 
 
@@ -161,13 +166,19 @@ def init_world() -> World:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
-    return World(dist.get_rank(), dist.get_world_size())
+    comm = f"cuda:{_device_index(dist.get_rank())}" if dist.get_backend() == "nccl" else "cpu"
+    return World(dist.get_rank(), dist.get_world_size(), comm)
+
+
+def _device_index(rank: int) -> int:
+    import torch
+    return int(os.environ.get("LOCAL_RANK", rank)) % max(torch.cuda.device_count(), 1)
 
 
 def _device(world: World):
     import torch
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", world.rank)) % torch.cuda.device_count())
+        return torch.device("cuda", _device_index(world.rank))
     return torch.device("cpu")
 
 
@@ -237,7 +248,7 @@ def grpo_update(model, optimizer, mbs: list[MicroBatch], config: GRPOConfig, wor
                                       config.temperature)
         loss, parts = grpo_token_loss(logp, ent, mb, config)
         loss.backward()
-        stats += torch.stack([p.detach().double().cpu() for p in parts])
+        stats += torch.stack(parts).cpu()
     stats = world.all_sum(stats)
     if world.size > 1:
         _all_reduce_grads(params, world)
@@ -267,8 +278,7 @@ def grpo_token_loss(logp, ent, mb: MicroBatch, config: GRPOConfig):
     clipped = ratio.clamp(1 - config.clip_eps, 1 + config.clip_eps_high)
     pg = -torch.min(ratio * mb.adv, clipped * mb.adv)
     per_token = pg
-    zero = logp.new_zeros(())
-    kl = zero
+    kl = logp.new_zeros(())
     if config.beta > 0:
         d = (mb.ref - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         kl_tok = d.exp() - d - 1
@@ -282,7 +292,7 @@ def grpo_token_loss(logp, ent, mb: MicroBatch, config: GRPOConfig):
         high = ((ratio > 1 + config.clip_eps_high) & (mb.adv > 0)).sum()
         parts = [loss, (pg * mb.weight).sum(), kl, (ent * mb.weight).sum(), low, high, ratio.sum(),
                  logp.new_tensor(float(logp.numel()))]
-    return loss, [p.detach().float() for p in parts]
+    return loss, [p.detach().double() for p in parts]
 
 
 def _all_reduce_grads(params, world: World, bucket: int = 1 << 24) -> None:
@@ -340,23 +350,21 @@ def make_optimizer(model, config: GRPOConfig, state: dict | None = None, source:
 
 def run(table, config: GRPOConfig, context):
     """One GRPO step on `table`; returns a checkpoint.TrainResult (cli saves it)."""
+    _check_config(config)
+    batch = read_batch(table)  # bad input fails here, before anything heavy is imported
+
     import torch
 
     from atomcli import checkpoint, models
-
-    _check_config(config)
-    batch = read_batch(table)
     world = init_world()
     if not world.main:  # one voice per job: the other ranks only compute
         context.quiet = True
-    log = context.log
     device = _device(world)
     torch.manual_seed(config.seed)
 
-    state = checkpoint.read_state(config.model)
-    policy = _load_policy(config, state, context, device, log)
-    model, tok = policy["model"], policy["tokenizer"]
-    _check_tokens(table, batch, model, tok, log, config.temperature)
+    policy = _load_policy(config, checkpoint.read_state(config.model), context, device, context.log)
+    model, tok = policy.model, policy.tokenizer
+    _check_tokens(table, batch, model, tok, context.log, config.temperature)
 
     mbs = micro_batches(batch, config, world, device, pad_id=tok.pad_token_id or 0)
     local = torch.tensor([float(sum(mb.targets.numel() for mb in mbs))], dtype=torch.float64)
@@ -366,22 +374,22 @@ def run(table, config: GRPOConfig, context):
     t0 = time.perf_counter()
     prepare_for_training(model, config)
     if config.beta > 0:
-        if policy["ref_is_adapterless"]:
+        if policy.ref_is_adapter_off:
             fill_ref_logprobs(model, mbs, config, disable_adapter=True)
-        elif policy["ref_spec"] == policy["start_id"] and policy["step"] == 1:
-            fill_ref_logprobs(model, mbs, config)  # first step: the policy *is* the reference
+        elif policy.ref == policy.start and policy.step == 1:
+            fill_ref_logprobs(model, mbs, config)  # the run's first step: the policy *is* the reference
         else:
-            ref_model, _ = models.load(policy["ref_spec"], context, trust_remote_code=config.trust_remote_code,
+            ref_model, _ = models.load(policy.ref, context, trust_remote_code=config.trust_remote_code,
                                        device=str(device))
             fill_ref_logprobs(ref_model, mbs, config)
             del ref_model  # freed before the backward passes need the memory
     ref_seconds = time.perf_counter() - t0
 
-    optimizer = make_optimizer(model, config, policy["optimizer_state"], source=config.model)
+    optimizer = make_optimizer(model, config, policy.optimizer_state, source=config.model)
     updates = [grpo_update(model, optimizer, mbs, config, world) for _ in range(config.epochs)]
     finish_training(model, config)
 
-    metrics = {**updates[0], "ref_seconds": ref_seconds, "step": policy["step"], "n_trajectories": batch.n_rows,
+    metrics = {**updates[0], "ref_seconds": ref_seconds, "step": policy.step, "n_trajectories": batch.n_rows,
                "lr": config.lr, "world_size": world.size, "peak_rss_mb": _peak_rss_mb(), **batch.stats}
     if len(updates) > 1:
         metrics["last_update"] = updates[-1]
@@ -391,9 +399,9 @@ def run(table, config: GRPOConfig, context):
     if world.main:
         _summary(context, metrics)
     return checkpoint.TrainResult(
-        model=model, tokenizer=tok, step=policy["step"], metrics=metrics, base=policy["start_id"],
-        lora=config.lora, lora_base=policy["lora_base"], optimizer_state=optimizer.state_dict(),
-        ref=policy["ref_spec"], extra={"updates": policy["updates_before"] + sum(not u["skipped"] for u in updates)})
+        model=model, tokenizer=tok, step=policy.step, metrics=metrics, base=policy.start, lora=config.lora,
+        lora_base=policy.lora_base, optimizer_state=optimizer.state_dict(), ref=policy.ref,
+        extra={"updates": policy.updates_before + sum(not u["skipped"] for u in updates)})
 
 
 def _check_config(config: GRPOConfig) -> None:
@@ -409,22 +417,35 @@ def _check_config(config: GRPOConfig) -> None:
         raise InputError("--temperature and --lr must be > 0")
 
 
-def _load_policy(config: GRPOConfig, state: dict, context, device, log) -> dict:
-    """The policy to train, its optimizer state, and which model is the KL reference."""
+@dataclass
+class Policy:
+    """The model to train and what the checkpoint says about where this run started."""
+    model: object
+    tokenizer: object
+    optimizer_state: dict | None
+    start: str               # the checkpoint this call starts from (spec id)
+    ref: str                 # the run's reference checkpoint
+    ref_is_adapter_off: bool  # LoRA: the reference is the base with the adapter disabled
+    lora_base: str | None
+    step: int                # this call's GRPO step number in the run (1 = first)
+    updates_before: int
+
+
+def _load_policy(config: GRPOConfig, state: dict, context, device, log) -> Policy:
     from atomcli import checkpoint, models
-    start_id = checkpoint.spec_id(config.model)
+    start = checkpoint.spec_id(config.model)
     continuing = state.get("stage") == "grpo-step"
     kw = dict(trust_remote_code=config.trust_remote_code, device=str(device))
     lora_base = None
     if config.lora:
         from peft import LoraConfig, PeftModel, get_peft_model
         if state.get("lora") and checkpoint.adapter_dir(config.model).is_dir():
+            # keep training the saved adapter on top of the base it was trained on
             lora_base = state["lora_base"]
-            base, _ = models.load(lora_base, context, **kw)
-            tok = _tokenizer(config.model, context)
+            base, tok = models.load(lora_base, context, **kw)
             model = PeftModel.from_pretrained(base, str(checkpoint.adapter_dir(config.model)), is_trainable=True)
         else:
-            lora_base = start_id
+            lora_base = start
             base, tok = models.load(config.model, context, **kw)
             model = get_peft_model(base, LoraConfig(r=config.lora_r, lora_alpha=2 * config.lora_r, lora_dropout=0.0,
                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
@@ -438,25 +459,14 @@ def _load_policy(config: GRPOConfig, state: dict, context, device, log) -> dict:
     if continuing and opt_state is None:
         log("[yellow]note:[/] no matching optimizer state in the checkpoint; AdamW starts fresh")
     if config.ref:
-        ref_spec = checkpoint.spec_id(config.ref)
+        ref = checkpoint.spec_id(config.ref)
     elif config.lora:
-        ref_spec = lora_base  # the base with the adapter switched off
+        ref = lora_base
     else:
-        ref_spec = state.get("ref") if continuing and state.get("ref") else start_id
-    return {"model": model, "tokenizer": tok, "optimizer_state": opt_state, "ref_spec": ref_spec,
-            "ref_is_adapterless": config.lora and not config.ref, "start_id": start_id,
-            "lora_base": lora_base, "step": int(state.get("step", 0)) + 1 if continuing else 1,
-            "updates_before": int(state.get("updates", 0)) if continuing else 0}
-
-
-def _tokenizer(spec: str, context):
-    from transformers import AutoTokenizer
-
-    from atomcli import models
-    tok = AutoTokenizer.from_pretrained(models.resolve(spec, context.home if context else None))
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
+        ref = state.get("ref") if continuing and state.get("ref") else start
+    return Policy(model, tok, opt_state, start, ref, config.lora and not config.ref, lora_base,
+                  int(state.get("step", 0)) + 1 if continuing else 1,
+                  int(state.get("updates", 0)) if continuing else 0)
 
 
 def _check_tokens(table, batch: Batch, model, tok, log, config_temperature: float = 1.0) -> None:

@@ -53,6 +53,11 @@ from atomcli import plugins, retry
 from atomcli.errors import InputError
 
 
+# A reply of a few hundred tokens is a few KB; a server streaming more is broken or hostile,
+# and reading it whole would hold it all in memory.
+MAX_RESPONSE_BYTES = 1 << 20
+
+
 class JudgeError(Exception):
     """Why a judge has no reply for one prompt (returned in place of the reply, not raised)."""
 
@@ -85,7 +90,8 @@ class OpenAIJudge:
         body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": prompt}],
                            "temperature": 0.0, "max_tokens": self.max_new_tokens}).encode()
         try:
-            return self.policy.call(self._post, body)
+            # a server that echoes the key back in its reply must not get it into the table
+            return self._redact(self.policy.call(self._post, body))
         except retry.ToolFault as e:
             return JudgeError(self._redact(f"{e} (after {self.policy.attempts} attempts)"))
         except JudgeError as e:
@@ -101,7 +107,7 @@ class OpenAIJudge:
         req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
+                raw = resp.read(MAX_RESPONSE_BYTES + 1)
         except urllib.error.HTTPError as e:
             detail = _error_detail(e)
             if e.code == 429 or e.code >= 500:
@@ -117,6 +123,8 @@ class OpenAIJudge:
             raise retry.ToolFault(f"judge timed out after {self.timeout:g} s") from None
         except (ConnectionError, http.client.HTTPException, OSError) as e:
             raise retry.ToolFault(f"connection to judge failed: {type(e).__name__}: {e}") from None
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise JudgeError(f"judge response is larger than {MAX_RESPONSE_BYTES >> 10} KB")
         try:
             obj = json.loads(raw)
             content = obj["choices"][0]["message"]["content"]

@@ -99,12 +99,18 @@ def load(spec: str, context=None, *, trust_remote_code: bool = False, dtype: str
 
     log = context.log if context is not None else None
     path = resolve(spec, context.home if context is not None else None, log)
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
+                                                     trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        if trust_remote_code or "custom code" not in str(e):
+            raise
+        raise InputError("the checkpoint needs its own Python code (auto_map), which is not run unless asked",
+                         file=spec, hint="read that code, then pass --trust-remote-code if you trust it") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
-                                                 trust_remote_code=trust_remote_code)
     if device:
         model.to(device)
     model.eval()

@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+from atomcli.agent_format import neutralize
 from atomcli.retry import ToolFault
 
 WORD_RE = re.compile(r"\w+", re.UNICODE)
@@ -195,10 +196,16 @@ Reply with one JSON object and nothing else:
 closely paraphrased; empty if none>", "continue": <true if later parts of the page may still help, else false>}}"""
 
 
+MAX_REPLY_CHARS = 32768  # 20x the extract kept per segment (LLMReader.max_extract_chars)
+
+
 def parse_reader_reply(reply: str) -> tuple[str, bool]:
     """(extracted, continue) from a model reply; never raises. Garbage -> ("", True)."""
     text = reply if isinstance(reply, str) else ""
     text = re.sub(r"<think>.*?(</think>|$)", "", text, flags=re.S).strip()
+    # a failed decode costs O(position) (the error locates its line), so trying every "{" of a
+    # garbage reply is quadratic: read only as much as a reply for one segment can need
+    text = text[:MAX_REPLY_CHARS]
     decoder = json.JSONDecoder()
     for m in re.finditer(r"\{", text):
         try:
@@ -254,7 +261,9 @@ class LLMReader:
         while any(active):
             idx = [i for i, a in enumerate(active) if a]
             prompts = [READER_PROMPT.format(query=goal, url=pages[i][0], part=pos[i] + 1, parts=len(segs[i]),
-                                            known=self._known(memory.notes + found[i]), segment=segs[i][pos[i]])
+                                            # page text is data: no forged chat control tokens
+                                            known=neutralize(self._known(memory.notes + found[i])),
+                                            segment=neutralize(segs[i][pos[i]]))
                        for i in idx]
             replies = list(self.complete(prompts))
             if len(replies) != len(prompts):

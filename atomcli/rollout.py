@@ -39,6 +39,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from atomcli import agent_format, schema
 from atomcli.config import opt
 from atomcli.errors import InputError
@@ -55,7 +57,8 @@ class RolloutConfig:
     temperature: float = opt(1.0, "sampling temperature (0 = greedy)")
     top_p: float = opt(1.0, "nucleus sampling")
     seed: int = opt(0, "random seed: same seed, same output")
-    batch_size: int = opt(16, "trajectories advanced together in one batched generate")
+    batch_size: int = opt(16, "trajectories advanced together, one turn per batched generate "
+                              "(openai engine: requests per turn, --concurrency of them in flight)")
     k: int = opt(10, "search results per query")
     cache: str = opt("", "SQLite cache file for searches and pages")
     replay: bool = opt(False, "serve tools only from --cache (a recorded environment)")
@@ -68,10 +71,13 @@ class RolloutConfig:
     concurrency: int = opt(8, "parallel requests for the OpenAI engine and parallel tool calls")
     timeout: float = opt(120.0, "seconds per request for the OpenAI engine")
     trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run")
+    device: str = opt("", "HF engine: torch device for the policy (cpu, cuda, cuda:1; default: where it loads)")
     tokenizer: str = opt("", "OpenAI engine: local tokenizer of the served model (folder, hub id or smollm2; "
                              "default: the model name after #)")
     prompt_ids: bool = opt(True, "OpenAI engine: send prompts as token ids (exact; vLLM, SGLang) rather than text")
     retries: int = opt(4, "OpenAI engine: attempts per request on timeouts, 429 and 5xx")
+    reuse_kv: bool = opt(True, "HF engine: keep each trajectory's KV cache between turns and compute shared "
+                               "prompt prefixes once (same tokens, much less prefill)")
 
 
 # --- groups, shards, seeds ------------------------------------------------------------------
@@ -149,9 +155,12 @@ def engine_for(config: RolloutConfig, context):
                config.timeout, config.retries)
         return context.cached(key, lambda: engine_openai.make(config, context))
     from atomcli.engine_hf import HFEngine
+    # only non-default options go into the key, so run-all's other stages share the loaded model
     kw = {"trust_remote_code": True} if config.trust_remote_code else {}
+    if config.device:
+        kw["device"] = config.device
     model, tok = context.model(config.model, **kw)
-    return HFEngine(config.model, model, tok, batch_size=config.batch_size)
+    return HFEngine(config.model, model, tok, batch_size=config.batch_size, reuse_kv=config.reuse_kv)
 
 
 def provenance_fields(config: RolloutConfig, context) -> dict:
@@ -280,7 +289,7 @@ class Agent:
         return GenRequest(ep.prompt_ids + ep.completion_ids, budget,
                           seed=turn_seed(self.cfg.seed, ep.traj_id, ep.n_turns),
                           temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                          stops=agent_format.STOP_STRINGS)
+                          stops=agent_format.STOP_STRINGS, key=ep.traj_id)
 
     def absorb(self, ep: Episode, res, budget: int) -> None:
         """Append one sampled turn; decide whether it ends the episode or needs an observation."""
@@ -433,6 +442,8 @@ def _loop(agent: Agent, engine, toolbox, episodes, questions, config, monitor, t
     active: list[Episode] = []
 
     def done(ep: Episode) -> None:
+        toolbox.forget(ep.traj_id)  # the browse reader's memory of this trajectory
+        engine.release(ep.traj_id)  # and the engine's KV cache of it
         by_group.setdefault(ep.group_id, []).append(ep)
         left[ep.group_id] -= 1
         monitor.trajectory_done(ep)
@@ -472,7 +483,6 @@ def _loop(agent: Agent, engine, toolbox, episodes, questions, config, monitor, t
 
 def rows_table(table, episodes: list[Episode], policy: str):
     """The input rows (repeated per sample) with the rollout columns set."""
-    import pyarrow as pa
     sub = table.take(pa.array([ep.row for ep in episodes], type=pa.int64()))
     search = {"web_search": "n_search", "browse_webpage": "n_browse"}
     counts = [{v: sum(1 for c in ep.tool_calls if c["name"] == k) for k, v in search.items()} for ep in episodes]
@@ -506,7 +516,7 @@ class Monitor:
         self.context, self.n_groups, self.n_traj = context, n_groups, n_traj
         self.t0 = time.time()
         self.tokens = self.gen_seconds = 0.0
-        self.tool_calls = self.tool_errors = self.groups = 0
+        self.tool_calls = self.tool_errors = self.groups = self.failed = 0
         self.progress = self.task = None
 
     def __enter__(self):
@@ -528,7 +538,7 @@ class Monitor:
             return
         dt = max(time.time() - self.t0, 1e-9)
         stats = (f"{self.tokens / dt:.0f} tok/s  {self.tool_calls / dt:.1f} calls/s  "
-                 f"{self.tool_errors} tool errors")
+                 f"errors: {self.tool_errors} tool, {self.failed} trajectories")
         self.progress.update(self.task, completed=self.groups, stats=stats)
 
     def sampled(self, n: int, seconds: float):
@@ -542,7 +552,7 @@ class Monitor:
         self._refresh()
 
     def trajectory_done(self, ep):
-        pass
+        self.failed += ep.finish_reason == "error"
 
     def group_done(self):
         self.groups += 1

@@ -204,11 +204,13 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
     settings = prepare(run_dir, demo, quick, config_file, context)
     run = Run(run_dir, settings, context)
     cfg = run.cfg
-    tableio.write_bytes_atomic(run_dir / "config.json", json.dumps(settings, indent=2).encode())
 
     # questions: the training set cycles through steps; evals use a fixed slice of the test set
     train = run.read(Path(cfg.train), "rollout")
     test = run.read(Path(cfg.test), "rollout")
+    # only once the inputs are known good: a refused run leaves the folder empty, so fixing
+    # the input and running the same command again works without --resume
+    tableio.write_bytes_atomic(run_dir / "config.json", json.dumps(settings, indent=2).encode())
     if cfg.eval_limit:
         test = test.slice(0, cfg.eval_limit)
     if not (run_dir / "eval" / "questions.parquet").exists():

@@ -113,6 +113,26 @@ def require(table: pa.Table, stage: str, source: str = "-", columns: Iterable[st
                 row = next(i for i, v in enumerate(table.column(name).is_null().to_pylist()) if v)
                 raise InputError(f"null value in required column `{name}`", file=source, row=row,
                                  column=name, hint=f"check the output of `atom {owner_of(name)}`")
+    if stage in UNIQUE_TRAJ_STAGES and "traj_id" in table.column_names:
+        _check_unique(table, "traj_id", source)
+
+
+# Stages whose rows must be distinct trajectories: a repeated `traj_id` (two rollout tables
+# concatenated, a row copied) would merge GRPO groups or count one trajectory twice. `sft`
+# and `eval` accept repeats (rollouts of several steps pooled for rejection sampling).
+UNIQUE_TRAJ_STAGES = ("score-rrm", "aggregate-reward", "grpo-step")
+
+
+def _check_unique(table: pa.Table, name: str, source: str) -> None:
+    first: dict = {}
+    for row, value in enumerate(table.column(name).to_pylist()):
+        if value is None:
+            continue
+        if value in first:
+            raise InputError(f"duplicate `{name}` {value!r} (first in row {first[value]})", file=source,
+                             row=row, column=name, hint="each trajectory must appear once; were two rollout "
+                             "tables concatenated? give each rollout its own --out")
+        first[value] = row
 
 
 def _compatible(got: pa.DataType, want: pa.DataType) -> bool:

@@ -179,6 +179,9 @@ def parse_prompt(prompt: str) -> tuple[str, list[Step]] | None:
 
 # --- reading the judge's reply -----------------------------------------------------------------
 
+_FLAT_LIST_RE = re.compile(r"\[[^\[\]]*\]")
+
+
 def parse_scores(reply, n: int) -> list[float] | None:
     """The scores in a judge reply, or None when it does not parse.
 
@@ -188,17 +191,16 @@ def parse_scores(reply, n: int) -> list[float] | None:
     """
     if not isinstance(reply, str) or n <= 0:
         return None
-    decoder = json.JSONDecoder()
     found = None
-    pos = reply.find("[")
-    while pos != -1:
+    # A list of numbers has no brackets inside, so the candidates are the flat [...] spans: one
+    # linear scan. (Decoding from every "[" was quadratic: a garbage reply of 1 MB took minutes.)
+    for m in _FLAT_LIST_RE.finditer(reply):
         try:
-            obj, _ = decoder.raw_decode(reply, pos)
-        except (ValueError, RecursionError):
-            obj = None
+            obj = json.loads(m.group())
+        except ValueError:
+            continue
         if isinstance(obj, list) and len(obj) == n and all(_is_number(x) for x in obj):
             found = obj
-        pos = reply.find("[", pos + 1)
     if found is None or not all(0 <= x <= 10 for x in found):
         return None
     return [float(x) for x in found]

@@ -115,6 +115,10 @@ def filter_by_reward(table, min_reward: float):
         raise InputError("--min-reward needs a `reward` column", column="reward",
                          hint="run `atom aggregate-reward` first, or drop --min-reward")
     rewards = table.column("reward").to_pylist()
+    bad = next((i for i, r in enumerate(rewards) if r is not None and not math.isfinite(r)), None)
+    if bad is not None:  # NaN >= x is False: the row would vanish without a word
+        raise InputError(f"reward is {rewards[bad]}", row=bad, column="reward",
+                         hint="rerun `atom aggregate-reward`; --min-reward needs finite rewards")
     keep = [i for i, r in enumerate(rewards) if r is not None and r >= min_reward]
     if not keep:
         raise InputError(f"no row has reward >= {min_reward}", column="reward", hint="lower --min-reward")

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-CHUNK_ELEMENTS = 1 << 23  # logits entries per chunk (32 MB in fp32)
+# logits entries per chunk: two chunk-sized fp32 buffers live at a time. Small on CPU (memory is
+# the constraint, and 85+ rows already keep the matmul efficient); larger on GPUs so that each
+# chunk amortizes one read of the (vocab x hidden) head weight.
+CHUNK_ELEMENTS = {"cpu": 1 << 22, "other": 1 << 26}
 
 
-def _chunk_rows(vocab: int) -> int:
-    return max(16, CHUNK_ELEMENTS // max(vocab, 1))
+def _chunk_rows(vocab: int, device) -> int:
+    budget = CHUNK_ELEMENTS["cpu" if device.type == "cpu" else "other"]
+    return max(16, budget // max(vocab, 1))
 
 
 def _autograd_function():
@@ -30,16 +34,20 @@ def _autograd_function():
 
         @staticmethod
         def forward(ctx, hidden, weight, bias, targets, inv_temp: float):
-            n, rows = hidden.shape[0], _chunk_rows(weight.shape[0])
+            n, rows = hidden.shape[0], _chunk_rows(weight.shape[0], hidden.device)
             dt = torch.promote_types(hidden.dtype, torch.float32)
             logp, ent, log_z = (hidden.new_empty(n, dtype=dt) for _ in range(3))
             for s in range(0, n, rows):
                 z = _logits(hidden[s:s + rows], weight, bias, inv_temp)
-                lz = torch.logsumexp(z, dim=-1)
-                logp[s:s + rows] = z.gather(-1, targets[s:s + rows, None]).squeeze(-1) - lz
-                # entropy = log Z - sum_v p_v z_v
-                ent[s:s + rows] = lz - (torch.softmax(z, dim=-1) * z).sum(-1)
-                log_z[s:s + rows] = lz
+                m = z.amax(-1)
+                target_z = z.gather(-1, targets[s:s + rows, None]).squeeze(-1)
+                z.sub_(m[:, None])
+                e = z.exp()
+                total = e.sum(-1)
+                # with z' = z - max: log Z = max + log sum e, entropy = log sum e - sum(e z') / sum e
+                ent[s:s + rows] = total.log() - e.mul_(z).sum(-1) / total
+                log_z[s:s + rows] = m + total.log()
+                logp[s:s + rows] = target_z - log_z[s:s + rows]
             ctx.save_for_backward(hidden, weight, bias, targets, log_z, ent)
             ctx.inv_temp = inv_temp
             return logp, ent
@@ -54,22 +62,21 @@ def _autograd_function():
             acc = torch.promote_types(weight.dtype, torch.float32)  # accumulate head gradients in fp32 at least
             grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
             grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
-            rows = _chunk_rows(weight.shape[0])
-            for s in range(0, hidden.shape[0], rows):
+            rows = _chunk_rows(weight.shape[0], hidden.device)
+            for s in range(0, hidden.shape[0] if (g_logp is not None or g_ent is not None) else 0, rows):
                 h = hidden[s:s + rows]
-                z = _logits(h, weight, bias, inv_temp)
-                log_p = z - log_z[s:s + rows, None]
-                p = log_p.exp()
-                gz = torch.zeros_like(z)
-                if g_logp is not None:
-                    g = g_logp[s:s + rows].to(z.dtype)
-                    # d log p_t / dz = onehot(t) - p
-                    gz -= g[:, None] * p
-                    gz.scatter_add_(-1, targets[s:s + rows, None], g[:, None])
-                if g_ent is not None:
-                    # d H / dz = -p * (log p + H)
-                    gz -= g_ent[s:s + rows].to(z.dtype)[:, None] * p * (log_p + ent[s:s + rows, None])
-                gz = gz.mul_(inv_temp).to(weight.dtype)
+                # two chunk-sized buffers, updated in place: `a` = log p, `b` = p
+                a = _logits(h, weight, bias, inv_temp).sub_(log_z[s:s + rows, None])
+                b = a.exp()
+                if g_ent is not None:  # d H / dz = -p * (log p + H)
+                    a.add_(ent[s:s + rows, None]).mul_(b).mul_(-g_ent[s:s + rows, None].to(a.dtype))
+                if g_logp is not None:  # d log p_t / dz = onehot(t) - p
+                    g = g_logp[s:s + rows, None].to(b.dtype)
+                    b.mul_(-g).scatter_add_(-1, targets[s:s + rows, None], g)
+                    gz = b.add_(a) if g_ent is not None else b
+                else:
+                    gz = a
+                gz = gz.mul_(inv_temp).to(weight.dtype) if inv_temp != 1.0 else gz.to(weight.dtype)
                 if need_h:
                     grad_h[s:s + rows] = gz @ weight
                 if need_w:
@@ -87,7 +94,7 @@ def _logits(h, weight, bias, inv_temp):
     z = torch.nn.functional.linear(h, weight, bias)
     if z.dtype in (torch.float16, torch.bfloat16):  # softmax statistics in fp32 at least
         z = z.float()
-    return z * inv_temp if inv_temp != 1.0 else z
+    return z.mul_(inv_temp) if inv_temp != 1.0 else z
 
 
 _FUNCTION: Any = None

@@ -77,8 +77,11 @@ def make_batch(model_path: str, args, out: Path) -> None:
         prompt = (sys_ids * (args.prompt_len // len(sys_ids) + 1))[:args.prompt_len]
         start = rng.randrange(0, len(text_ids) - args.completion_len)
         comp = text_ids[start:start + args.completion_len]
-        third = args.completion_len // 3
-        mask = [1] * third + [0] * third + [1] * (args.completion_len - 2 * third)
+        # a tool response of varying length in the middle: rows train on different token counts,
+        # so the token-mean loss is not zero even with zero-mean advantages and ratios of 1
+        span = rng.randrange(args.completion_len // 6, args.completion_len // 2)
+        first = (args.completion_len - span) // 2
+        mask = [1] * first + [0] * span + [1] * (args.completion_len - span - first)
         rows["group_id"].append(f"g{i // args.group}")
         rows["prompt_ids"].append(prompt)
         rows["completion_ids"].append(comp)
@@ -96,8 +99,9 @@ def make_batch(model_path: str, args, out: Path) -> None:
                                                                 "old_logprobs"))):
             js = [j for j, m in enumerate(mask) if m]
             ids = torch.tensor([prompt + comp])
-            lp = sequence_logprobs(model, ids, torch.ones_like(ids), torch.zeros(len(js), dtype=torch.long),
-                                   torch.tensor([len(prompt) + j - 1 for j in js]), torch.tensor([comp[j] for j in js]))[0]
+            cols = torch.tensor([len(prompt) + j - 1 for j in js])
+            lp = sequence_logprobs(model, ids, torch.ones_like(ids), torch.zeros_like(cols), cols,
+                                   torch.tensor([comp[j] for j in js]))[0]
             for j, v in zip(js, lp.tolist()):
                 old[j] = v
     table = pa.table({k: schema.array(k, v) for k, v in rows.items()})
@@ -275,10 +279,10 @@ def main() -> None:
             print(f"repeat {r} {side:4s}: step {statistics.median(res['times']):7.3f} s, "
                   f"peak +{res['peak_rss'] - res['base_rss']:7.1f} MB (abs {res['peak_rss']:.0f} MB), "
                   f"first loss {res['loss']:.6f}", file=sys.stderr)
-    report(results, tmp)
+    report(results, tmp, args.lr)
 
 
-def report(results: dict, tmp: Path) -> None:
+def report(results: dict, tmp: Path, lr: float) -> None:
     import torch
     med = lambda xs: statistics.median(xs)  # noqa: E731
     rows = {}
@@ -290,13 +294,15 @@ def report(results: dict, tmp: Path) -> None:
     print(f"{'':8s} {'step s':>10s} {'peak+ MB':>10s} {'peak MB':>10s} {'loss@1':>12s}")
     for side, label in (("ours", "atomcli"), ("trl", "TRL")):
         r = rows[side]
-        print(f"{label:8s} {r['step_s']:10.3f} {r['peak_extra_mb']:10.1f} {r['peak_abs_mb']:10.0f} {r['loss']:12.6f}")
+        print(f"{label:8s} {r['step_s']:10.3f} {r['peak_extra_mb']:10.1f} {r['peak_abs_mb']:10.0f} {r['loss']:12.6g}")
     o, t = rows["ours"], rows["trl"]
     print(f"ratio atomcli/TRL: time {o['step_s'] / t['step_s']:.2f}x, peak during step "
-          f"{o['peak_extra_mb'] / max(t['peak_extra_mb'], 1e-9):.2f}x, absolute peak {o['peak_abs_mb'] / t['peak_abs_mb']:.2f}x")
+          f"{o['peak_extra_mb'] / max(t['peak_extra_mb'], 1e-9):.2f}x, "
+          f"absolute peak {o['peak_abs_mb'] / t['peak_abs_mb']:.2f}x")
     a, b = torch.load(tmp / "ours.pt"), torch.load(tmp / "trl.pt")
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
-    print(f"check: first-step loss |diff| {abs(o['loss'] - t['loss']):.2e}; weights after it max |diff| {diff:.2e}")
+    print(f"check: first-step loss |diff| {abs(o['loss'] - t['loss']):.2e}; weights after it max |diff| {diff:.2e} "
+          f"({diff / lr:.3f} x lr; AdamW's first update is about lr per weight)")
 
 
 if __name__ == "__main__":

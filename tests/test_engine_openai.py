@@ -21,7 +21,8 @@ from atomcli.errors import InputError
 from test_rollout import questions, runs
 
 TURNS = [
-    '<think><PLAN>look</PLAN></think>\n<tool_call>{"name": "web_search", "arguments": {"query": ["Alice"]}}</tool_call>',
+    '<think><PLAN>look</PLAN></think>\n<tool_call>{"name": "web_search", '
+    '"arguments": {"query": ["Alice"]}}</tool_call>',
     '<think>bad</think><tool_call>{"name": "nope", "arguments": {}}</tool_call>',
     '<think>idle</think>',  # ends with the end-of-sequence token
     '<think><OBSERVATION>seen</OBSERVATION></think>\n<answer>Paris</answer>',

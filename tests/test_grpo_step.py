@@ -97,7 +97,8 @@ def weights(model):
 
 
 def cfg(model, **kw):
-    base = dict(model=str(model), lr=1e-3, beta=0.0, micro_batch=2)
+    # no activation checkpointing in-process (faster); the CLI and torchrun tests run the default
+    base = dict(model=str(model), lr=1e-3, beta=0.0, micro_batch=2, gradient_checkpointing=False)
     return grpo_step.GRPOConfig(**{**base, **kw})
 
 
@@ -262,7 +263,7 @@ def _max_diff(a, b):
 
 
 def test_two_calls_continue_one_adamw_run(tiny_model, tmp_path, tok):
-    table = make_table(tok)
+    table = make_table(tok, n=4)
     c1 = cfg(tiny_model, beta=0.05)
     first = grpo_step.run(table, c1, quiet())
     checkpoint.save(first, tmp_path / "c1", stage="grpo-step", config=c1)
@@ -286,7 +287,7 @@ def test_two_calls_continue_one_adamw_run(tiny_model, tmp_path, tok):
 
 
 def test_lora_steps_continue_the_adapter_and_save_merged_weights(tiny_model, tmp_path, tok):
-    table = make_table(tok, n=4)
+    table = make_table(tok, n=3)
     kw = dict(lora=True, lora_r=4, lr=1e-2, beta=0.1)
     first = grpo_step.run(table, cfg(tiny_model, **kw), quiet())
     checkpoint.save(first, tmp_path / "l1", stage="grpo-step", config=None)

@@ -158,20 +158,21 @@ class Scripted(torch.nn.Module):
         out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          cache=cache, use_cache=use_cache, logits_to_keep=logits_to_keep)
         rows = input_ids.tolist()
-        if attention_mask is not None and input_ids.shape[1] > 1:
-            rows = [[t for t, a in zip(r, am) if a] for r, am in zip(rows, attention_mask.tolist())]
+        if attention_mask is not None:  # drop the left padding of the new tokens
+            new_mask = attention_mask[:, -input_ids.shape[1]:].tolist()
+            rows = [[t for t, a in zip(r, m) if a] for r, m in zip(rows, new_mask)]
         if cache is not None:
-            hist = getattr(cache, "script_history", None)
-            if hist is None:  # prefill: remember each row, and follow the engine's row selection
-                hist = cache.script_history = rows
+            # the tokens this cache row already holds (set by `remember_cached_prefixes`), then ours
+            hist = getattr(cache, "script_history", None) or [[] for _ in rows]
+            hist = cache.script_history = [h + r for h, r in zip(hist, rows)]
+            if not getattr(cache, "script_follows", False):  # follow the engine's row selection
+                cache.script_follows = True
                 select = cache.batch_select_indices
 
                 def select_too(idx, select=select):
                     select(idx)
                     cache.script_history = [cache.script_history[i] for i in idx.tolist()]
                 cache.batch_select_indices = select_too
-            else:
-                hist = cache.script_history = [h + r for h, r in zip(hist, rows)]
         else:
             hist = rows
         logits = out.logits.clone()
@@ -183,9 +184,33 @@ class Scripted(torch.nn.Module):
         return SimpleNamespace(logits=logits)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The tiny model's matmuls are too small for threads; on a shared machine OpenMP threads
+    waiting for each other make them 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def remember_cached_prefixes(monkeypatch):
+    """Tell `Scripted` which tokens a reused KV cache stands for (a real model needs no telling:
+    the KV is its memory of them; the script, kept outside the model, does)."""
+    from atomcli.engine_hf import HFEngine
+    assemble = HFEngine._assemble
+
+    def tracking(self, reqs, live, pasts):
+        cache, *rest = assemble(self, reqs, live, pasts)
+        cache.script_history = [list(reqs[i].ids[:pasts[i][0]]) for i in live]
+        return (cache, *rest)
+    monkeypatch.setattr(HFEngine, "_assemble", tracking)
+
+
 SCRIPT = [
     '<think><PLAN>find Alice</PLAN></think>\n<tool_call>{"name": "web_search", "arguments": '
-    '{"query": ["Alice Smith"]}}</tool_call>',
+    '{"query": ["Alice Smith"]}}</tool_call> and words the engine must never sample',
     '<think><REFLECTION>read the page</REFLECTION></think>\n<tool_call>{"name": "browse_webpage", '
     '"arguments": {"url_list": ["local://doc/d1"], "query": "birthplace"}}</tool_call>',
     '<think>oops</think><tool_call>{"name": "web_search", "arguments": {"query": [</tool_call>',
@@ -209,7 +234,9 @@ def test_scripted_tool_calls_exact_tokens_and_masks(loaded, index):
     check_row(row, policy, tok)
     roles = [m["role"] for m in row["messages"]]
     assert roles == ["system", "user"] + ["assistant", "tool"] * 4 + ["assistant"]
-    assert [m["content"] for m in row["messages"] if m["role"] == "assistant"] == SCRIPT
+    # generation stopped at the token that completed </tool_call>: the rest of turn 1 was never sampled
+    assert [m["content"] for m in row["messages"] if m["role"] == "assistant"] == [
+        SCRIPT[0][:SCRIPT[0].index("</tool_call>") + len("</tool_call>")]] + SCRIPT[1:]
     assert (row["finish_reason"], row["answer"], row["n_turns"]) == ("answer", "Paris", 5)
     assert (row["n_search"], row["n_browse"]) == (1, 1)
     calls = row["tool_calls"]
@@ -270,7 +297,8 @@ def test_cli_rollout_eight_questions_group_four(tiny_model, index, loaded, tmp_p
                                       "golden_answers": ["x"]}) + "\n" for i in range(8)))
     out = tmp_path / "r.parquet"
     proc = atom("rollout", qs, "--model", tiny_model, "--search", f"local:{index}", "--group-size", 4,
-                "--max-new-tokens", 10, "--max-turns", 2, "--date", "2026-01-01", "--out", out, check=True)
+                "--max-new-tokens", 10, "--max-turns", 2, "--date", "2026-01-01", "--out", out, check=True,
+                env={"OMP_NUM_THREADS": "1"})
     assert proc.stdout == b""
     table = pq.read_table(out)
     rows = table.to_pylist()
@@ -320,6 +348,15 @@ def test_same_seed_same_output(loaded):
     d = rollout.run(t, config(model.atom_spec, seed=3, batch_size=1), ctx)
     assert sampled_ids(a) == sampled_ids(d)
     for r in a.to_pylist():
+        check_row(r, model, tok)
+
+
+def test_old_logprobs_are_the_policy_not_the_sampling_distribution(loaded):
+    # with temperature and top-p the sampler draws from a reshaped distribution, but the
+    # recorded log-probs are the model's own (what a fresh forward pass and GRPO compute)
+    ctx, model, tok = loaded
+    t = rollout.run(questions(1), config(model.atom_spec, temperature=0.7, top_p=0.9, max_new_tokens=12), ctx)
+    for r in t.to_pylist():
         check_row(r, model, tok)
 
 
@@ -450,3 +487,30 @@ def test_bad_config_fails_before_loading(loaded):
     for kw in ({"group_size": 0}, {"top_p": 0.0}, {"temperature": -1.0}, {"max_turns": 0}):
         with pytest.raises(InputError):
             rollout.run(questions(1), config("/nonexistent/model", **kw), ctx)
+
+
+def test_kv_reuse_gives_the_same_samples_with_less_prefill(loaded):
+    from atomcli.engine_hf import GenRequest, HFEngine
+    ctx, model, tok = loaded
+    shared = list(range(1000, 1060))  # a common prompt prefix (like the system prompt)
+    contexts = {f"t{i}": shared + [2000 + i] * (i + 1) for i in range(3)}
+    engines = {reuse: HFEngine("tiny", model, tok, reuse_kv=reuse) for reuse in (True, False)}
+    out = {}
+    for reuse, engine in engines.items():
+        ctxs = dict(contexts)
+        turns = []
+        for turn in range(3):  # each turn continues the last one, plus some "glue" tokens
+            reqs = [GenRequest(ids, 6, seed=turn, key=key) for key, ids in ctxs.items()]
+            res = engine.generate(reqs)
+            turns.append([(r.ids, r.logprobs) for r in res])
+            ctxs = {k: ids + r.ids + [3000 + turn] * 4 for (k, ids), r in zip(ctxs.items(), res)}
+        out[reuse] = turns
+    for a, b in zip(out[True], out[False]):
+        for (ids_a, lp_a), (ids_b, lp_b) in zip(a, b):
+            assert ids_a == ids_b
+            assert torch.allclose(torch.tensor(lp_a), torch.tensor(lp_b), atol=1e-4)
+    assert engines[True].prefilled_tokens < engines[False].prefilled_tokens / 3
+    assert set(engines[True].sessions) == set(contexts) and engines[True].prefixes
+    for key in contexts:
+        engines[True].release(key)
+    assert not engines[True].sessions
