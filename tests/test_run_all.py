@@ -1,0 +1,128 @@
+"""run-all: the quick demo end to end, equality with the piped chain, and kill -9 + --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from atomcli import run_all, tableio
+from conftest import ROOT, atom
+
+TABLES = ["questions", "rollouts", "scored", "rewarded"]
+
+
+def _rows(path: Path, run_dir: Path | None = None) -> list[dict]:
+    """Table rows without wall-clock times (tool_calls[].seconds), the one legitimately varying value,
+    and with the run folder's own path (in `policy`) written as RUN."""
+    rows = tableio.read_table(str(path)).to_pylist()
+    for r in rows:
+        if run_dir is not None and isinstance(r.get("policy"), str):
+            r["policy"] = r["policy"].replace(str(run_dir), "RUN")
+        for call in r.get("tool_calls") or []:
+            call["seconds"] = None
+    return rows
+
+
+def _weights(ckpt: Path) -> dict:
+    from safetensors.torch import load_file
+    return load_file(str(ckpt / "model.safetensors"))
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    wa, wb = _weights(a), _weights(b)
+    return wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runall") / "run"
+    atom("run-all", "--demo", "--quick", "--out", out, check=True, timeout=900)
+    return out
+
+
+def test_quick_demo_writes_every_artifact(quick_run):
+    for t in (1, 2):
+        d = quick_run / "steps" / f"{t:04d}"
+        for name in TABLES:
+            assert (d / f"{name}.parquet").exists()
+        assert (d / "ckpt" / "model.safetensors").exists()
+        assert (d / "ckpt" / "optimizer.pt").exists()
+    metrics = [json.loads(x) for x in (quick_run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert metrics[0]["alpha"] == pytest.approx(0.5) and metrics[1]["alpha"] == pytest.approx(0.25)
+    summary = (quick_run / "summary.md").read_text()
+    for name in ("base", "sft", "step-0002"):
+        assert f"| {name} |" in summary
+    assert (quick_run / "plots" / "training.png").stat().st_size > 1000
+    assert (quick_run / "plots" / "eval_f1.png").stat().st_size > 1000
+    # the rewarded table carries every stage's columns and provenance
+    rewarded = tableio.read_table(str(quick_run / "steps" / "0001" / "rewarded.parquet"))
+    from atomcli import schema
+    stages = [r["stage"] for r in schema.provenance(rewarded)]
+    assert stages[-3:] == ["rollout", "score-rrm", "aggregate-reward"]
+
+
+def test_piped_chain_equals_run_all(quick_run, tmp_path):
+    """The single commands, chained through stdin/stdout, reproduce run-all's tables and checkpoint."""
+    q = run_all.QUICK
+    model = quick_run / "tiny-model"
+    search = f"local:{quick_run / 'world' / 'index.sqlite'}"
+    cfg = tmp_path / "quick.toml"
+    lines = []
+    for sec in ("sft", "rollout", "grpo-step"):
+        lines.append(f"[{sec}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in q[sec].items()]
+    cfg.write_text("\n".join(lines) + "\n")
+
+    sft_out = tmp_path / "sft"
+    atom("sft", quick_run / "world" / "sft.parquet", "--model", model, "--config", cfg, "--seed", "0",
+         "--out", sft_out, check=True)
+    assert _same_weights(sft_out, quick_run / "sft")
+
+    step = quick_run / "steps" / "0001"
+    rollout = atom("rollout", step / "questions.parquet", "--model", quick_run / "sft", "--search", search,
+                   "--config", cfg, "--seed", "0", "--out", "-", check=True)
+    scored = atom("score-rrm", "-", "--judge", "heuristic", "--out", "-", input=rollout.stdout, check=True)
+    atom("aggregate-reward", "-", "--step", "0", "--total-steps", "2", "--out", tmp_path / "rewarded.parquet",
+         input=scored.stdout, check=True)
+    assert _rows(tmp_path / "rewarded.parquet") == _rows(step / "rewarded.parquet")
+
+    atom("grpo-step", tmp_path / "rewarded.parquet", "--model", quick_run / "sft", "--config", cfg,
+         "--seed", "0", "--out", tmp_path / "ckpt", check=True)
+    assert _same_weights(tmp_path / "ckpt", step / "ckpt")
+
+
+def test_kill_then_resume_matches_uninterrupted(quick_run, tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "atomcli", "run-all", "--demo", "--quick", "--out", str(out)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = out / "steps" / "0001" / "rollouts.parquet"
+    deadline = time.time() + 600
+    while not target.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "run-all finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "steps" / "0002" / "ckpt").exists()
+
+    atom("run-all", "--demo", "--quick", "--out", out, "--resume", check=True, timeout=900)
+    for t in (1, 2):
+        for name in TABLES:
+            rel = Path("steps") / f"{t:04d}" / f"{name}.parquet"
+            assert _rows(out / rel, out) == _rows(quick_run / rel, quick_run), rel
+        assert _same_weights(out / "steps" / f"{t:04d}" / "ckpt", quick_run / "steps" / f"{t:04d}" / "ckpt")
+    assert _rows(out / "eval" / "step-0002.parquet", out) == _rows(quick_run / "eval" / "step-0002.parquet", quick_run)
+
+
+def test_existing_folder_needs_resume(tmp_path):
+    (tmp_path / "x").write_text("1")
+    p = atom("run-all", "--demo", "--quick", "--out", tmp_path)
+    assert p.returncode == 2 and b"--resume" in p.stderr
