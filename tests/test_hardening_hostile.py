@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from atomcli import agent_format, models, score_rrm, search_local
+from atomcli import agent_format, score_rrm, search_local
 from atomcli.agent_format import parse_tool_call
 from atomcli.cli import app
 from atomcli.context import Context
