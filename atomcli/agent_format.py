@@ -19,30 +19,27 @@ MAX_URLS = 3
 MAX_ARG_CHARS = 2000  # longer queries/urls are cut: a model can emit megabytes
 
 TOOLS_DOC = [
-    {"name": "web_search",
-     "description": "Search the web. Returns the top results (title, url, snippet) for each query.",
-     "arguments": {"query": "list of up to 3 search queries (strings)"}},
-    {"name": "browse_webpage",
-     "description": "Read web pages and return the information in them that is relevant to `query`.",
-     "arguments": {"url_list": "list of up to 3 urls taken from search results", "query": "what to look for"}},
+    {"name": "web_search", "arguments": {"query": "1-3 search queries"}, "returns": "title, url and snippet of the top results"},
+    {"name": "browse_webpage", "arguments": {"url_list": "1-3 urls", "query": "what to find"},
+     "returns": "what the pages say about the query"},
 ]
 
-DEFAULT_SYSTEM_PROMPT = """You are a research agent. Today is {date}. Answer the question by searching and reading; your own memory is not enough.
-
-Every turn, think first inside <think></think>, splitting your reasoning into atomic thoughts, each wrapped in a tag that names its kind, for example <OBSERVATION>what the results show</OBSERVATION> <PLAN>what to do next</PLAN> <HYPOTHESIS_TESTING>check a guess</HYPOTHESIS_TESTING> <REFLECTION>what went wrong or right</REFLECTION> <ACTION>the call to make</ACTION>.
-After </think> write exactly one of:
-<tool_call>{{"name": "web_search", "arguments": {{"query": ["first query", "second query"]}}}}</tool_call>
-<tool_call>{{"name": "browse_webpage", "arguments": {{"url_list": ["https://..."], "query": "what to find"}}}}</tool_call>
+# Kept short on purpose: every token of it is in every trajectory, and a 135M model on a CPU
+# pays for each one in SFT, rollout and GRPO (DESIGN.md §9 rates).
+DEFAULT_SYSTEM_PROMPT = """You are a research agent. Today is {date}. Answer by searching and reading; your memory is not enough.
+Each turn, think inside <think></think> in short tagged atomic thoughts such as <OBSERVATION>, <PLAN>, <HYPOTHESIS_TESTING>, <REFLECTION>, <ACTION>. Then write exactly one of:
+<tool_call>{{"name": "web_search", "arguments": {{"query": ["..."]}}}}</tool_call>
+<tool_call>{{"name": "browse_webpage", "arguments": {{"url_list": ["..."], "query": "..."}}}}</tool_call>
 <answer>short answer</answer>
-
 Tools:
 {tools}
-
-Tool results come back inside <tool_response></tool_response>. The answer is a short phrase (a name, a place, a date or a number); for yes/no questions answer yes or no."""
+Results come back in <tool_response></tool_response>. Answer with a short phrase; yes or no for yes/no questions."""
 
 
 def tools_text() -> str:
-    return "\n".join(json.dumps(t) for t in TOOLS_DOC)
+    """One line per tool: name(arguments) -> returns."""
+    return "\n".join(f"{t['name']}(" + ", ".join(f"{k}: {v}" for k, v in t["arguments"].items())
+                     + f") -> {t['returns']}" for t in TOOLS_DOC)
 
 
 def system_prompt(date: str = "", template: str = "") -> str:

@@ -26,21 +26,20 @@ OPENAI_API_KEY and never logged or stored.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
-import socket
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from atomcli import retry
+from atomcli import openai_http, retry
 from atomcli.engine_hf import GenRequest, GenResult
 from atomcli.errors import InputError
 
 NAN = float("nan")
+# A completion of thousands of tokens with their log-probs is a few MB; a server sending far
+# more is broken or hostile, and reading it whole would hold it all in memory.
+MAX_RESPONSE_BYTES = 64 << 20
 
 
 class EngineError(RuntimeError):
@@ -196,41 +195,12 @@ class OpenAIEngine:
         return res
 
     def _post(self, data: bytes) -> dict:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._key:
-            headers["Authorization"] = f"Bearer {self._key}"
-        req = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            detail = _error_detail(e)
-            if e.code == 429 or e.code >= 500:
-                raise retry.ToolFault(f"HTTP {e.code}: {detail}", status=e.code,
-                                      retry_after=retry.parse_retry_after(e.headers.get("Retry-After"))) from None
-            raise RequestError(f"HTTP {e.code} from policy server: {detail}") from None
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, (TimeoutError, socket.timeout)):
-                raise retry.ToolFault(f"timed out after {self.timeout:g} s") from None
-            raise retry.ToolFault(f"cannot reach {self.url}: {e.reason}") from None
-        except (TimeoutError, socket.timeout):
-            raise retry.ToolFault(f"timed out after {self.timeout:g} s") from None
-        except (ConnectionError, http.client.HTTPException, OSError) as e:
-            raise retry.ToolFault(f"connection failed: {type(e).__name__}: {e}") from None
+        raw = openai_http.post_json(self.url, data, key=self._key, timeout=self.timeout,
+                                    max_bytes=MAX_RESPONSE_BYTES, what="policy server", permanent_error=RequestError)
         try:
             return json.loads(raw)
         except ValueError:
             raise RequestError(f"response is not JSON: {raw[:200]!r}") from None
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._key, "***") if self._key else text
-
-
-def _error_detail(e: urllib.error.HTTPError) -> str:
-    try:
-        obj = json.loads(e.read(2000))
-        err = obj.get("error")
-        msg = err.get("message") if isinstance(err, dict) else err
-        return str(msg or obj)[:200]
-    except Exception:  # any body at all: the status code alone says enough
-        return str(e.reason)[:200]
+        return openai_http.redact(text, self._key)

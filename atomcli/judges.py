@@ -39,17 +39,13 @@ ignored, so that one call site can configure any SPEC: `concurrency`, `timeout`,
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
 import os
-import socket
-import urllib.error
 import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from atomcli import plugins, retry
+from atomcli import openai_http, plugins, retry
 from atomcli.errors import InputError
 
 
@@ -101,30 +97,8 @@ class OpenAIJudge:
         """One request: the reply text, or ToolFault (transient) / JudgeError (permanent)."""
         if self.limiter is not None:
             self.limiter.acquire()
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._key:
-            headers["Authorization"] = f"Bearer {self._key}"
-        req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read(MAX_RESPONSE_BYTES + 1)
-        except urllib.error.HTTPError as e:
-            detail = _error_detail(e)
-            if e.code == 429 or e.code >= 500:
-                raise retry.ToolFault(f"HTTP {e.code} from judge: {detail}", status=e.code,
-                                      retry_after=retry.parse_retry_after(e.headers.get("Retry-After"))) from None
-            raise JudgeError(f"HTTP {e.code} from judge: {detail}") from None
-        except urllib.error.URLError as e:
-            reason = e.reason
-            if isinstance(reason, (TimeoutError, socket.timeout)):
-                raise retry.ToolFault(f"judge timed out after {self.timeout:g} s") from None
-            raise retry.ToolFault(f"cannot reach judge at {self.url}: {reason}") from None
-        except (TimeoutError, socket.timeout):
-            raise retry.ToolFault(f"judge timed out after {self.timeout:g} s") from None
-        except (ConnectionError, http.client.HTTPException, OSError) as e:
-            raise retry.ToolFault(f"connection to judge failed: {type(e).__name__}: {e}") from None
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise JudgeError(f"judge response is larger than {MAX_RESPONSE_BYTES >> 10} KB")
+        raw = openai_http.post_json(self.url, body, key=self._key, timeout=self.timeout,
+                                    max_bytes=MAX_RESPONSE_BYTES, what="judge", permanent_error=JudgeError)
         try:
             obj = json.loads(raw)
             content = obj["choices"][0]["message"]["content"]
@@ -135,17 +109,7 @@ class OpenAIJudge:
         return content
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._key, "***") if self._key else text
-
-
-def _error_detail(e: urllib.error.HTTPError) -> str:
-    try:
-        raw = e.read(2000)
-        obj = json.loads(raw)
-        msg = obj.get("error", {}).get("message") if isinstance(obj.get("error"), dict) else obj.get("error")
-        return str(msg or raw[:200])[:200]
-    except Exception:  # any body at all: the status code alone still says enough
-        return str(e.reason)[:200]
+        return openai_http.redact(text, self._key)
 
 
 @plugins.register_judge("openai")

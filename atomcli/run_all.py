@@ -49,8 +49,8 @@ class RunAllConfig:
 DEMO = {
     # sized from DESIGN.md §9 rates (fwd+bwd ~140 tok/s, batched sampling ~100 tok/s) to finish in
     # well under 30 minutes on 2 CPU cores; see bench/RESULTS.md for the measured run
-    "run-all": {"steps": 2, "questions_per_step": 4, "eval_limit": 24, "judge": "heuristic"},
-    "sft": {"max_steps": 16, "lr": 2e-4, "batch_size": 4, "max_length": 2048, "warmup_ratio": 0.1,
+    "run-all": {"steps": 2, "questions_per_step": 2, "eval_limit": 20, "judge": "heuristic"},
+    "sft": {"max_steps": 10, "lr": 3e-4, "batch_size": 4, "max_length": 2048, "warmup_ratio": 0.1,
             "gradient_checkpointing": False},
     "rollout": {"group_size": 4, "max_turns": 4, "max_new_tokens": 128, "k": 3, "temperature": 1.0,
                 "batch_size": 32, "date": "2026-01-01"},

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import http.server
-import io
 import json
 import socket
 import subprocess
@@ -30,6 +29,7 @@ from atomcli.retry import RateLimiter, RetryPolicy, ToolFault, parse_retry_after
 from atomcli.tools import NOTHING_NEW, ToolBox
 
 from conftest import atom
+from helpers_http import compression_bomb, send
 
 BIG = 50 * 1024 * 1024
 
@@ -44,17 +44,6 @@ The population of Port Ember was 88,000 in the last census.</p>
 </article><footer>Copyright nobody</footer></body></html>"""
 
 
-def _gzip_bomb() -> bytes:
-    """~60 MB of text compressed to ~60 KB, built in 1 MB steps (never whole in memory)."""
-    comp = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    chunk = b"bomb " * (1 << 18)
-    out = io.BytesIO()
-    for _ in range(48):
-        out.write(comp.compress(chunk))
-    out.write(comp.flush())
-    return out.getvalue()
-
-
 class _Server:
     """Routes for every fault the environment must survive; counts hits per path."""
 
@@ -62,7 +51,7 @@ class _Server:
         self.hits: Counter = Counter()
         self.sent: Counter = Counter()
         self.hosts: list[str] = []
-        self.bomb = _gzip_bomb()
+        self.bomb = compression_bomb(16 + zlib.MAX_WBITS)  # gzip framing
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -72,13 +61,7 @@ class _Server:
                 pass
 
             def _send(self, code, body: bytes, ctype="text/html; charset=utf-8", headers=()):
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                for k, v in headers:
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(body)
+                send(self, code, body, ctype, headers)
 
             def do_GET(self):  # noqa: C901 - one branch per route
                 parts = urlsplit(self.path)

@@ -1,0 +1,74 @@
+"""One JSON POST to an OpenAI-compatible endpoint, shared by the judge and the rollout engine.
+
+Owns what both clients must do the same way: the request itself (stdlib HTTP, JSON body,
+optional Bearer key), the classification of failures (timeouts, connection errors, HTTP 429
+and 5xx are transient: `retry.ToolFault`, with the server's Retry-After; any other HTTP
+status concerns this one request: the caller's permanent error type), a cap on the size of
+the response (a server streaming more is broken or hostile, and reading it whole would hold
+it all in memory), and that the key never appears in a message: every message raised here
+passes through `redact`. Parsing the reply is the caller's business.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import urllib.error
+import urllib.request
+
+from atomcli import retry
+
+
+def post_json(url: str, body: bytes, *, key: str | None, timeout: float, max_bytes: int, what: str,
+              permanent_error: type[Exception]) -> bytes:
+    """POST `body` (JSON) to `url`; the raw response body, at most `max_bytes` long.
+
+    Raises `retry.ToolFault` for transient faults and `permanent_error(message)` otherwise;
+    `what` names the server in messages ("judge", "policy server").
+    """
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read(max_bytes + 1)
+    except urllib.error.HTTPError as e:
+        msg = redact(f"HTTP {e.code} from {what}: {_error_detail(e)}", key)
+        if e.code == 429 or e.code >= 500:
+            raise retry.ToolFault(msg, status=e.code,
+                                  retry_after=retry.parse_retry_after(e.headers.get("Retry-After"))) from None
+        raise permanent_error(msg) from None
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, (TimeoutError, socket.timeout)):
+            raise retry.ToolFault(f"{what} timed out after {timeout:g} s") from None
+        raise retry.ToolFault(redact(f"cannot reach {what} at {url}: {e.reason}", key)) from None
+    except (TimeoutError, socket.timeout):
+        raise retry.ToolFault(f"{what} timed out after {timeout:g} s") from None
+    except (ConnectionError, http.client.HTTPException, OSError) as e:
+        raise retry.ToolFault(redact(f"connection to {what} failed: {type(e).__name__}: {e}", key)) from None
+    if len(raw) > max_bytes:
+        raise permanent_error(f"{what} response is larger than {_size(max_bytes)}")
+    return raw
+
+
+def redact(text: str, key: str | None) -> str:
+    """`text` with the API key replaced by `***` (a server may echo it back in any reply)."""
+    return text.replace(key, "***") if key else text
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10} KB"
+
+
+def _error_detail(e: urllib.error.HTTPError) -> str:
+    """The server's own error message, short; the reason phrase when the body says nothing usable."""
+    try:
+        raw = e.read(2000)
+        obj = json.loads(raw)
+        err = obj.get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        return str(msg or raw[:200])[:200]
+    except Exception:  # any body at all: the status code alone still says enough
+        return str(e.reason)[:200]
