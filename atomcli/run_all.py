@@ -47,16 +47,17 @@ class RunAllConfig:
 
 # Presets are data: stage sections as a TOML file would give them.
 DEMO = {
-    # sized from DESIGN.md §9 rates (fwd+bwd ~140 tok/s, batched sampling ~100 tok/s) to finish in
-    # well under 30 minutes on 2 CPU cores; see bench/RESULTS.md for the measured run
-    "run-all": {"steps": 2, "questions_per_step": 2, "eval_limit": 20, "judge": "heuristic"},
-    "sft": {"max_steps": 10, "lr": 3e-4, "batch_size": 4, "max_length": 2048, "warmup_ratio": 0.1,
+    # Sized from measured rates on 2 CPU cores (SFT ~60-140 tok/s fwd+bwd, sampling ~25-100 tok/s
+    # depending on batch) to finish in about 30 minutes; see bench/RESULTS.md for the measured run.
+    # A 135M model needs ~190 tokens for one expert-style turn: a smaller cap cuts tool calls.
+    "run-all": {"steps": 1, "questions_per_step": 2, "eval_limit": 20, "judge": "heuristic"},
+    "sft": {"max_steps": 14, "lr": 3e-4, "batch_size": 4, "max_length": 2048, "warmup_ratio": 0.1,
             "gradient_checkpointing": False},
-    "rollout": {"group_size": 4, "max_turns": 4, "max_new_tokens": 128, "k": 3, "temperature": 1.0,
+    "rollout": {"group_size": 4, "max_turns": 4, "max_new_tokens": 192, "k": 3, "temperature": 1.0,
                 "batch_size": 32, "date": "2026-01-01"},
     "aggregate-reward": {},
     "grpo-step": {"lr": 5e-6, "beta": 0.0, "micro_batch": 4, "gradient_checkpointing": False},
-    "eval": {"max_turns": 4, "max_new_tokens": 128},
+    "eval": {"max_turns": 4, "max_new_tokens": 192},
 }
 QUICK = {
     "run-all": {"steps": 2, "questions_per_step": 2, "eval_limit": 4, "judge": "heuristic"},

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -80,7 +81,6 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-trl-"))
     model_path = str(models.make_tiny_model(tmp / "tiny", hidden=128, layers=4)) if args.model == "tiny" \
         else models.resolve(args.model)
-    import json
     (tmp / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bench_rollout.CORPUS))
     search_local.build_index(str(tmp / "corpus.jsonl"), str(tmp / "idx.sqlite"))
     qs = [bench_rollout.QUESTIONS[i % len(bench_rollout.QUESTIONS)] for i in range(args.questions)]

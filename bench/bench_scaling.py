@@ -18,6 +18,7 @@ Prints a table (seconds, and seconds per unit of the knob relative to the smalle
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -67,7 +68,7 @@ def grpo_timer(model_path: str, tmp: Path):
                                   model_path=model_path, lr=1e-5, beta=0.0, micro_batch=min(batch, 4),
                                   gradient_checkpointing=True, steps=repeats, dump="")
         data = tmp / f"g{batch}_{completion_len}.parquet"
-        with open(os.devnull, "w") as devnull, __import__("contextlib").redirect_stderr(devnull):
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
             bench_grpo.make_batch(model_path, args, data)
         args.data = str(data)
         res = bench_grpo.side_ours(args)  # one warm-up step, then `repeats` timed steps

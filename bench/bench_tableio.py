@@ -158,7 +158,8 @@ def main() -> None:
     res = []
     for i, n in enumerate(sizes):
         stages = i == 0 or args.stage_at_big
-        cmd = [sys.executable, __file__, "--one", str(n), "--repeats", str(args.repeats if i == 0 else args.big_repeats)]
+        repeats = args.repeats if i == 0 else args.big_repeats
+        cmd = [sys.executable, __file__, "--one", str(n), "--repeats", str(repeats)]
         proc = subprocess.run(cmd + (["--stages"] if stages else []), capture_output=True, text=True,
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
         if proc.returncode:
