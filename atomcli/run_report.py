@@ -38,7 +38,7 @@ def write(run_dir: Path, context=None) -> Path:
             o = r.get("overall", {})
             lines.append(f"| {r['name']} | {o.get('f1', 0):.3f} | {o.get('em', 0):.3f} | {o.get('cover_em', 0):.3f} | "
                          f"{o.get('format_error_rate', o.get('format_error', 0)):.3f} | "
-                         f"{o.get('searches', o.get('mean_searches', 0)):.2f} | {o.get('n', r.get('n', ''))} |")
+                         f"{o.get('searches_per_question', 0) or 0:.2f} | {o.get('n', r.get('n', ''))} |")
         lines.append("")
     if metrics:
         keys = ["step", "alpha", "reward_mean", "f1", "atr", "format_error", "searches", "kl", "clip_frac", "loss"]
