@@ -237,7 +237,7 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
             idx = [(t * q + i) % train.num_rows for i in range(q)]
             if not (d / "questions.parquet").exists():
                 tableio.write_table(train.take(idx), str(d / "questions.parquet"))
-            run.log(f"[bold]step {t + 1}/{cfg.steps}[/]")
+            run.log(f"[bold]step {t + 1}/{cfg.steps}[/]{_eta(run, t, cfg.steps)}")
             run.rollout_stage(dataclasses.replace(run.rollout, model=model, seed=cfg.seed + t),
                               d / "questions.parquet", d / "rollouts.parquet")
             run.table_stage("score-rrm", score_rrm, run.score, d / "rollouts.parquet", d / "scored.parquet")
@@ -257,6 +257,18 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
     from atomcli import run_report
     run_report.write(run_dir, context)
     run.log(f"[green]done[/]: {run_dir}/summary.md")
+
+
+def _eta(run: Run, t: int, steps: int) -> str:
+    """Remaining time from the mean duration of the steps this process has finished."""
+    done = getattr(run, "_step_times", [])
+    now = time.time()
+    if getattr(run, "_step_start", None) is not None:
+        done.append(now - run._step_start)
+    run._step_times, run._step_start = done, now
+    if not done:
+        return ""
+    return f"  (ETA {sum(done) / len(done) * (steps - t) / 60:.1f} min + final eval)"
 
 
 def _log_metrics(run: Run, t: int, d: Path) -> None:
