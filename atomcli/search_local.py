@@ -36,9 +36,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Iterator
 
-import orjson
-
-from atomcli import __version__, plugins
+from atomcli import __version__, plugins, tableio
 from atomcli.errors import InputError, unknown_choice
 
 FORMAT = "atomcli-index-1"
@@ -193,23 +191,7 @@ def _iter_docs(path: str, name: str) -> Iterator[tuple[int, dict]]:
 
 
 def _jsonl_rows(stream, name: str) -> Iterator[tuple[int, dict]]:
-    for lineno, raw in enumerate(stream, start=1):
-        if not raw.strip():
-            continue
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InputError(f"line {lineno} is not valid UTF-8 (byte {e.start})", file=name,
-                             row=lineno - 1, hint="re-encode the corpus as UTF-8") from None
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise InputError(f"line {lineno} is not valid JSON ({e.msg})", file=name, row=lineno - 1,
-                             hint="each line must be one JSON object") from None
-        if not isinstance(obj, dict):
-            raise InputError(f"line {lineno} is not a JSON object", file=name, row=lineno - 1,
-                             hint="each line must be one JSON object")
-        yield lineno, obj
+    return tableio.jsonl_objects(stream, name, what="corpus")
 
 
 def _parquet_rows(stream, name: str) -> Iterator[tuple[int, dict]]:

@@ -16,6 +16,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import orjson
 import pyarrow as pa
@@ -55,16 +56,18 @@ def read_table(path: str, data: bytes | None = None) -> pa.Table:
     return schema.conform(table, name)
 
 
-def _read_jsonl(raw: bytes, name: str) -> pa.Table:
-    rows: list[dict] = []
-    for lineno, line in enumerate(raw.split(b"\n"), start=1):
+def jsonl_objects(lines: Iterable[bytes], name: str, what: str = "file") -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank JSONL line; bad lines raise a located InputError.
+
+    Shared by table reading (a whole buffer) and `atom index` (a streamed corpus)."""
+    for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             line.decode("utf-8")
         except UnicodeDecodeError as e:
             raise InputError(f"line {lineno} is not valid UTF-8 (byte {e.start})", file=name,
-                             row=lineno - 1, hint="re-encode the file as UTF-8") from None
+                             row=lineno - 1, hint=f"re-encode the {what} as UTF-8") from None
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as e:
@@ -75,7 +78,11 @@ def _read_jsonl(raw: bytes, name: str) -> pa.Table:
         if not isinstance(obj, dict):
             raise InputError(f"line {lineno} is not a JSON object", file=name, row=lineno - 1,
                              hint="each line must be one JSON object")
-        rows.append(obj)
+        yield lineno, obj
+
+
+def _read_jsonl(raw: bytes, name: str) -> pa.Table:
+    rows = [obj for _, obj in jsonl_objects(raw.split(b"\n"), name)]
     if not rows:
         raise InputError("input has no rows", file=name, hint="expected JSONL rows")
     columns: dict[str, None] = {}
