@@ -111,6 +111,8 @@ class Run:
         plugins.check_search_spec(self.cfg.search)
         plugins.check_judge_spec(self.cfg.judge)
         self.t0 = time.time()
+        self.step_times: list[float] = []  # durations of the steps this process ran, for the ETA
+        self.step_start: float | None = None
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -261,11 +263,11 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
 
 def _eta(run: Run, t: int, steps: int) -> str:
     """Remaining time from the mean duration of the steps this process has finished."""
-    done = getattr(run, "_step_times", [])
     now = time.time()
-    if getattr(run, "_step_start", None) is not None:
-        done.append(now - run._step_start)
-    run._step_times, run._step_start = done, now
+    if run.step_start is not None:
+        run.step_times.append(now - run.step_start)
+    run.step_start = now
+    done = run.step_times
     if not done:
         return ""
     return f"  (ETA {sum(done) / len(done) * (steps - t) / 60:.1f} min + final eval)"
