@@ -247,10 +247,13 @@ def index_cmd(
     corpus: Annotated[str, typer.Argument(help="Corpus JSONL/Parquet with id, title, contents (or text), optional url.")],
     out: Annotated[str, typer.Option("--out", "-o", help="Index file to write (SQLite).")],
     engine: Annotated[str, typer.Option("--engine", help="fts5 (SQLite, default) or tantivy if installed.")] = "fts5",
+    impacts: Annotated[bool, typer.Option("--impacts/--no-impacts",
+                                          help="Precompute BM25 impacts: ~3x faster queries, ~3x build time, "
+                                               "~1.7x index size; same ranking.")] = True,
 ):
     """Build the local full-text (BM25) search index."""
     from atomcli import search_local
-    search_local.build_index(corpus, out, engine=engine, context=_context())
+    search_local.build_index(corpus, out, engine=engine, impacts=impacts, context=_context())
 
 
 @app.command("search")

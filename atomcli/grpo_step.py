@@ -4,7 +4,7 @@ For trajectory i the model reads `prompt_ids + completion_ids` and is scored onl
 completion tokens with `loss_mask = 1` (what the policy sampled); tool responses and
 template glue are context, never targets. Per scored token:
 
-    r    = exp(logp - old_logprobs)                   (old_logprobs from the rollout)
+    r    = exp(logp - old_logprobs)                   (old_logprobs from the rollout, or recomputed)
     loss = -min(r·A, clip(r, 1-eps, 1+eps_high)·A) + beta·k3 - entropy_coef·H
     k3   = exp(ref - logp) - (ref - logp) - 1
 
@@ -16,6 +16,11 @@ micro-batch size or the number of processes. Under torchrun / accelerate launch 
 gradients are all-reduced before clipping and the AdamW step, which is then identical on
 every rank. The optimizer state travels with the checkpoint (atomcli.checkpoint), so
 consecutive calls continue one AdamW run.
+
+`--old-logprobs recompute` replaces the table's sampling log-probs by the policy's own before
+this update (one no-grad forward pass, as TRL does when it does not keep the sampler's): for
+rollouts from a server that returned text only (their `old_logprobs` are NaN), or to ignore
+sampler/trainer numeric drift. The first ratio is then exactly 1.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from atomcli.config import opt
-from atomcli.errors import InputError
+from atomcli.errors import InputError, unknown_choice
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps a stale or corrupt old_logprob from producing inf
 
@@ -46,6 +51,8 @@ class GRPOConfig:
     max_grad_norm: float = opt(1.0, "gradient norm clip (0 = no clipping)")
     weight_decay: float = opt(0.0, "AdamW weight decay")
     temperature: float = opt(1.0, "logits are divided by this; must match the rollout's sampling temperature")
+    old_logprobs: str = opt("rollout", "the ratio's denominator: rollout (the table's old_logprobs) or recompute "
+                                       "(the policy's own before this update; for text-only servers' rollouts)")
     gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, ~30% more time)")
     lora: bool = opt(False, "train a LoRA adapter (peft) instead of all weights")
     lora_r: int = opt(16, "LoRA rank")
@@ -75,8 +82,11 @@ class Batch:
     stats: dict = field(default_factory=dict)
 
 
-def read_batch(table, source: str = "-") -> Batch:
-    """Validate the token columns and advantages; InputError names the row and column."""
+def read_batch(table, source: str = "-", *, recompute_old: bool = False) -> Batch:
+    """Validate the token columns and advantages; InputError names the row and column.
+
+    With recompute_old the table's old log-probs are not read (they may be NaN): 0.0 stands in
+    until `fill_old_logprobs` replaces them."""
     cols = {c: table.column(c).to_pylist() for c in ("prompt_ids", "completion_ids", "loss_mask",
                                                       "old_logprobs", "advantage")}
     trajs, n_tokens, max_id = [], 0, -1
@@ -98,10 +108,13 @@ def read_batch(table, source: str = "-") -> Batch:
         idx = [j for j, m in enumerate(mask) if m]
         if not idx:
             continue
+        if recompute_old:
+            old = [0.0] * len(comp)
         bad = next((j for j in idx if old[j] is None or not math.isfinite(old[j])), None)
         if bad is not None:
             raise InputError(f"old log-prob of sampled token {bad} is {old[bad]}", file=source, row=i,
-                             column="old_logprobs", hint="sampled tokens need finite log-probs")
+                             column="old_logprobs", hint="sampled tokens need finite log-probs; rollouts from a "
+                             "text-only server have none: pass --old-logprobs recompute")
         p = len(prompt)
         ids = list(prompt) + list(comp[:idx[-1]])
         max_id = max(max_id, max(prompt), max(comp[:idx[-1] + 1]))
@@ -318,6 +331,15 @@ def _all_reduce_grads(params, world: World, bucket: int = 1 << 24) -> None:
 
 def fill_ref_logprobs(model, mbs: list[MicroBatch], config: GRPOConfig, *, disable_adapter: bool = False) -> None:
     """Reference log-probs for every micro-batch, once per step (the reference never changes)."""
+    _fill_logprobs(model, mbs, config, "ref", disable_adapter)
+
+
+def fill_old_logprobs(model, mbs: list[MicroBatch], config: GRPOConfig) -> None:
+    """`--old-logprobs recompute`: the policy's own log-probs before the update stand in for the sampler's."""
+    _fill_logprobs(model, mbs, config, "old", False)
+
+
+def _fill_logprobs(model, mbs: list[MicroBatch], config: GRPOConfig, attr: str, disable_adapter: bool) -> None:
     import contextlib
 
     import torch
@@ -326,8 +348,8 @@ def fill_ref_logprobs(model, mbs: list[MicroBatch], config: GRPOConfig, *, disab
     ctx = model.disable_adapter() if disable_adapter else contextlib.nullcontext()
     with torch.no_grad(), ctx:
         for mb in mbs:
-            mb.ref = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.targets,
-                                       config.temperature)[0]
+            setattr(mb, attr, sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.rows, mb.cols,
+                                                mb.targets, config.temperature)[0])
 
 
 def make_optimizer(model, config: GRPOConfig, state: dict | None = None, source: str = "-"):
@@ -351,7 +373,7 @@ def make_optimizer(model, config: GRPOConfig, state: dict | None = None, source:
 def run(table, config: GRPOConfig, context):
     """One GRPO step on `table`; returns a checkpoint.TrainResult (cli saves it)."""
     _check_config(config)
-    batch = read_batch(table)  # bad input fails here, before anything heavy is imported
+    batch = read_batch(table, recompute_old=config.old_logprobs == "recompute")  # fails before heavy imports
 
     import torch
 
@@ -373,6 +395,8 @@ def run(table, config: GRPOConfig, context):
 
     t0 = time.perf_counter()
     prepare_for_training(model, config)
+    if config.old_logprobs == "recompute":
+        fill_old_logprobs(model, mbs, config)
     if config.beta > 0:
         if policy.ref_is_adapter_off:
             fill_ref_logprobs(model, mbs, config, disable_adapter=True)
@@ -407,6 +431,8 @@ def run(table, config: GRPOConfig, context):
 def _check_config(config: GRPOConfig) -> None:
     if config.loss_agg not in ("token-mean", "seq-mean"):
         raise InputError(f"unknown loss aggregation `{config.loss_agg}`", hint="valid: seq-mean, token-mean")
+    if config.old_logprobs not in ("rollout", "recompute"):
+        raise unknown_choice("--old-logprobs source", config.old_logprobs, ("rollout", "recompute"))
     for name in ("micro_batch", "epochs", "lora_r"):
         if getattr(config, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1")

@@ -9,8 +9,10 @@ Two generated corpora of ~50-word documents (40-60 words) per size:
   an OR query (FTS5 scores every document that matches any term) and bounds the latency from above.
 Queries are 2-6 words taken from random documents behind a question word, the shape of what an
 agent writes. Build time is JSONL on disk -> index file, all of what `atom index` does.
-When `bm25s` is installed the same corpus and queries run through it too, with ratios; when it
-is not, that side is skipped with a note.
+Two FTS5 indexes are built per corpus: the default (`fts5+i`, with precomputed BM25 impacts)
+and `--no-impacts` (`fts5`, ranked by FTS5's bm25()); their queries alternate one by one.
+When `bm25s` is installed the same corpus and queries run through it too, with ratios against
+the default engine; when it is not, that side is skipped with a note.
 
     .venv/bin/python bench/bench_search.py [--sizes 10000,100000] [--queries 300] [--k 10]
 """
@@ -115,18 +117,33 @@ def main() -> None:
             corpus, index = Path(tmp) / f"c{n}{kind}.jsonl", Path(tmp) / f"i{n}{kind}.sqlite"
             docs = make_corpus(corpus, n, TextGen(rng, kind))
             queries = make_queries(docs, args.queries, rng)
+            plain = Path(tmp) / f"p{n}{kind}.sqlite"
+            t0 = time.perf_counter()
+            search_local.build_index(str(corpus), str(plain), impacts=False)
+            build_plain = time.perf_counter() - t0
             t0 = time.perf_counter()
             search_local.build_index(str(corpus), str(index))
             build = time.perf_counter() - t0
-            ix = search_local.open_index(str(index))
-            lat = time_queries(lambda q: ix.search(q, args.k), queries)
-            ix.close()
-            print(f"{n:>8} {kind:>8} {'fts5':>6} {build:>8.2f} {ms(lat):>13.2f} {ms(lat, .95):>7.2f} "
+            ix, ix_plain = search_local.open_index(str(index)), search_local.open_index(str(plain))
+            # alternate the two paths query by query, so that load changes hit both alike
+            lat, lat_plain = [], []
+            for q in queries[:1] + queries:
+                for engine, out in ((ix, lat), (ix_plain, lat_plain)):
+                    t0 = time.perf_counter()
+                    engine.search(q, args.k)
+                    out.append(time.perf_counter() - t0)
+            lat, lat_plain = lat[1:], lat_plain[1:]
+            ix.close(), ix_plain.close()
+            print(f"{n:>8} {kind:>8} {'fts5+i':>6} {build:>8.2f} {ms(lat):>13.2f} {ms(lat, .95):>7.2f} "
                   f"{index.stat().st_size / 2**20:>9.1f}", flush=True)
+            print(f"{n:>8} {kind:>8} {'fts5':>6} {build_plain:>8.2f} {ms(lat_plain):>13.2f} {ms(lat_plain, .95):>7.2f} "
+                  f"{plain.stat().st_size / 2**20:>9.1f}", flush=True)
+            print(f"{'':>8} {'':>8} ratio impacts/bm25(): build {build / build_plain:.2f}x, "
+                  f"query p50 {statistics.median(lat) / statistics.median(lat_plain):.2f}x", flush=True)
             if have_bm25s:
                 b_build, b_lat = bench_bm25s(docs, queries, args.k)
                 print(f"{n:>8} {kind:>8} {'bm25s':>6} {b_build:>8.2f} {ms(b_lat):>13.2f} {ms(b_lat, .95):>7.2f} {'-':>9}")
-                print(f"{'':>8} {'':>8} ratio fts5/bm25s: build {build / b_build:.2f}x, "
+                print(f"{'':>8} {'':>8} ratio fts5+i/bm25s: build {build / b_build:.2f}x, "
                       f"query p50 {statistics.median(lat) / statistics.median(b_lat):.2f}x", flush=True)
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB "
           "(includes the generated corpora kept for the query sampler)", file=sys.stderr)

@@ -160,6 +160,35 @@ def test_advantage_sign_moves_the_sampled_tokens_log_prob(tiny_model, tok, sign)
     assert abs((after - before)[~sampled].mean().item()) < abs(delta) / sampled.sum().item()
 
 
+def test_recomputed_old_logprobs_stand_in_for_missing_ones(tiny_model, tok):
+    """A text-only server's rollout has NaN old log-probs: refused by default, trained with --old-logprobs recompute,
+    and the update equals the one from a table holding the policy's own log-probs."""
+    model = load(tiny_model)
+    table = make_table(tok, n=4, truncated=())
+    own = []
+    for p, c, m in zip(*(table.column(k).to_pylist() for k in ("prompt_ids", "completion_ids", "loss_mask"))):
+        lp, _ = plain_logprobs(model, p, c)
+        own.append([float(v) if k else 0.0 for v, k in zip(lp.tolist(), m)])
+    nan = [[float("nan")] * len(o) for o in own]
+    missing = with_column(table, "old_logprobs", nan)
+    with pytest.raises(InputError, match="old log-prob") as e:
+        grpo_step.run(missing, cfg(tiny_model), quiet())
+    assert "--old-logprobs recompute" in e.value.hint and e.value.row == 0
+    recomputed = grpo_step.run(missing, cfg(tiny_model, old_logprobs="recompute"), quiet())
+    assert recomputed.metrics["ratio"] == pytest.approx(1.0, abs=1e-6)
+    assert recomputed.metrics["clip_low"] == 0 and recomputed.metrics["clip_high"] == 0
+    exact = grpo_step.run(with_column(table, "old_logprobs", own), cfg(tiny_model), quiet())
+    assert recomputed.metrics["loss"] == pytest.approx(exact.metrics["loss"], rel=1e-4)
+    # AdamW's first step is ~lr·sign(g): float noise in near-zero gradients moves a few weights by a
+    # fraction of lr. A wrong denominator (e.g. the 0.0 placeholders) would move them by ~lr.
+    moved = _max_diff(weights(exact.model), weights(model))
+    assert moved > 1e-4  # the step did train
+    assert _max_diff(weights(recomputed.model), weights(exact.model)) < 0.05 * moved
+    with pytest.raises(InputError, match="old-logprobs source") as e:
+        grpo_step.run(table, cfg(tiny_model, old_logprobs="sampler"), quiet())
+    assert "recompute" in e.value.hint
+
+
 # --- the loss against plain torch math --------------------------------------------------------------
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
