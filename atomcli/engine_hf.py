@@ -195,9 +195,12 @@ class HFEngine:
         """Cache, input ids, attention mask and positions for rows with pasts of any length.
 
         Row layout: [pad][past][pad][new tokens]; the mask hides both pads, the positions
-        count real tokens only (RoPE), and causal order still holds along the row."""
+        count real tokens only (RoPE), and causal order still holds along the row. The cache's
+        layers are `GrowLayer`s with room for the whole turn, so decoding never re-copies them."""
         import torch
         from transformers import DynamicCache
+
+        from atomcli.kv_cache import GrowLayer
         dev = self.model.device
         b = len(live)
         c_max = max(pasts[i][0] for i in live)
@@ -213,22 +216,24 @@ class HFEngine:
             attn[row, c_max + n_max - n:] = 1
             pos[row, n_max - n:] = torch.arange(c, c + n)
         self.prefilled_tokens += sum(len(x) for x in news)
+        cache = DynamicCache()
+        cache.layer_class_to_replicate = GrowLayer  # layers made on first use (no past: doubling capacity)
         if c_max == 0:
-            return DynamicCache(), input_ids.to(dev), attn.to(dev), pos.to(dev)
-        layers = []
+            return cache, input_ids.to(dev), attn.to(dev), pos.to(dev)
+        capacity = c_max + n_max + max(reqs[i].max_new_tokens for i in live)
         n_layers = len(next(pasts[i][1] for i in live if pasts[i][1] is not None))
         for layer in range(n_layers):
             ref = next(pasts[i][1][layer][0] for i in live if pasts[i][1] is not None)
             h, d = ref.shape[0], ref.shape[-1]
-            k = ref.new_zeros((b, h, c_max, d))
-            v = ref.new_zeros((b, h, c_max, d))
+            k = ref.new_zeros((b, h, capacity, d))
+            v = ref.new_zeros((b, h, capacity, d))
             for row, i in enumerate(live):
                 c, kv = pasts[i]
                 if c:
-                    k[row, :, c_max - c:] = kv[layer][0][:, :c]
-                    v[row, :, c_max - c:] = kv[layer][1][:, :c]
-            layers.append((k, v))
-        return DynamicCache(ddp_cache_data=layers), input_ids.to(dev), attn.to(dev), pos.to(dev)
+                    k[row, :, c_max - c:c_max] = kv[layer][0][:, :c]
+                    v[row, :, c_max - c:c_max] = kv[layer][1][:, :c]
+            cache.layers.append(GrowLayer(k, v, c_max))
+        return cache, input_ids.to(dev), attn.to(dev), pos.to(dev)
 
     def _keep_session(self, req: GenRequest, res: GenResult, cache, attn, j: int) -> None:
         """Store row j's KV (every token fed so far: the context and all but the last sample)."""
@@ -260,7 +265,7 @@ class HFEngine:
             cache, input_ids, attn, pos = self._assemble(reqs, live, self._pasts(reqs, live))
             logits = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos,
                                 use_cache=True, logits_to_keep=1, **{self._cache_kw: cache}).logits[:, -1, :]
-            if self.reuse_kv and not all(type(layer).__name__ == "DynamicLayer" for layer in cache.layers):
+            if self.reuse_kv and not all(type(layer).__name__ in ("DynamicLayer", "GrowLayer") for layer in cache.layers):
                 self.reuse_kv = False  # sliding-window or recurrent caches: no reuse, plain prefill
                 self.sessions.clear()
                 self.prefixes.clear()

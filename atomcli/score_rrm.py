@@ -271,7 +271,8 @@ def run(table, config: ScoreConfig, context):
     t0 = time.time()
     judge = context.judge(config.judge, **judge_options(config))  # fails before any work
     questions = table.column("question").to_pylist()
-    all_steps = [trajectory_steps(m) for m in table.column("messages").to_pylist()]
+    # chunk by chunk (a Parquet row group each): the whole column as Python dicts would be ~1 GB at 100k rows
+    all_steps = [trajectory_steps(m) for chunk in table.column("messages").chunks for m in chunk.to_pylist()]
     counts = {i: sum(len(s.thoughts) for s in steps) for i, steps in enumerate(all_steps)}
     prompts = {i: render_prompt(questions[i], steps, config.obs_chars)
                for i, steps in enumerate(all_steps) if counts[i]}

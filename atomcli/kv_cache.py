@@ -1,0 +1,78 @@
+"""A KV cache layer that appends in place: what the rollout engine decodes with.
+
+transformers' `DynamicLayer.update` is `torch.cat([keys, new], dim=-2)`: every decode step
+copies the layer's whole cache. For a batch of 8 trajectories 1.5k tokens deep on SmolLM2
+that is ~0.5 GB of copying per step, as much time as the model's own matmuls
+(bench/bench_rollout.py). `GrowLayer` keeps keys and values in buffers with room to spare
+(sized by the caller for the turn, or doubled when full) and writes each step's states
+into the next free slots; `keys`/`values` are views of the filled part, so attention sees
+exactly what `DynamicLayer` would give it.
+
+It stays a `DynamicLayer` for everything else (masks, sequence length, batch selection), and
+if some library code replaces `keys`/`values` behind its back it adopts the new tensors on
+the next call instead of writing into stale buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+
+class GrowLayer(DynamicLayer):
+    def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, length: int = 0):
+        """Optionally start from preallocated buffers [batch, heads, capacity, dim] whose first `length` slots are filled."""
+        super().__init__()
+        self._k, self._v, self._n, self._exposed = keys, values, length, None
+        if keys is not None:
+            self.device = keys.device
+            self.is_initialized = True
+            self._expose()
+
+    def _expose(self) -> None:
+        self.keys = self._k[:, :, :self._n]
+        self.values = self._v[:, :, :self._n]
+        self._exposed = self.keys
+
+    def _sync(self) -> None:
+        """Adopt tensors someone assigned to keys/values directly (crop, reorder, reset...)."""
+        if self._k is not None and self.keys is self._exposed:
+            return
+        if self.keys is None or self.keys.numel() == 0:
+            self._k = self._v = None
+            self._n = 0
+        else:
+            self._k, self._v, self._n = self.keys.contiguous(), self.values.contiguous(), self.keys.shape[-2]
+            self._expose()
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self._sync()
+        need = self._n + key_states.shape[-2]
+        if self._k is None or self._k.shape[-2] < need or self._k.shape[0] != key_states.shape[0]:
+            shape = (*key_states.shape[:2], max(2 * need, 64), key_states.shape[-1])
+            k, v = key_states.new_zeros(shape), value_states.new_zeros(shape)
+            if self._n:
+                k[:, :, :self._n] = self._k[:, :, :self._n]
+                v[:, :, :self._n] = self._v[:, :, :self._n]
+            self._k, self._v = k, v
+        self._k[:, :, self._n:need] = key_states
+        self._v[:, :, self._n:need] = value_states
+        self._n = need
+        self._expose()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        self._sync()
+        return self._n
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._sync()
+        if self._k is not None:
+            self._k, self._v = self._k[indices], self._v[indices]
+            self._expose()

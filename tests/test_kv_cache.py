@@ -1,0 +1,75 @@
+"""GrowLayer: decoding with in-place appends gives exactly what transformers' DynamicLayer gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from atomcli.kv_cache import GrowLayer
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32).eval()
+
+
+def _decode(model, cache, steps: int, *, select_at: int | None = None, crop_at: int | None = None):
+    """Prefill 3 rows of 20 tokens, then `steps` greedy steps; optionally drop row 1 or crop the cache midway."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 1000, (3, 20), generator=g)
+    attn = torch.ones_like(ids)
+    attn[1:, :4] = 0  # left padding, as the engine batches rows of different lengths
+    out = []
+    with torch.inference_mode():
+        logits = model(input_ids=ids, attention_mask=attn, use_cache=True, cache=cache).logits[:, -1]
+        for step in range(steps):
+            nxt = logits.argmax(-1, keepdim=True)
+            if step == select_at:
+                keep = torch.tensor([0, 2])
+                cache.batch_select_indices(keep)
+                nxt, attn = nxt[keep], attn[keep]
+            if step == crop_at:
+                cache.crop(-2)
+                attn = attn[:, :-2]
+            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], 1)
+            logits = model(input_ids=nxt, attention_mask=attn, use_cache=True, cache=cache).logits[:, -1]
+            out.append(logits.clone())
+    return out, cache
+
+
+def _grow_cache():
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = GrowLayer
+    return cache
+
+
+@pytest.mark.parametrize("case", [{}, {"select_at": 5}, {"crop_at": 7}, {"select_at": 3, "crop_at": 9}])
+def test_same_logits_as_dynamic_layer_through_growth_selection_and_crop(model, case):
+    reference, _ = _decode(model, DynamicCache(), 40, **case)   # 40 steps: the buffer (2 x 20) must grow
+    grown, cache = _decode(model, _grow_cache(), 40, **case)
+    assert cache.layers and all(type(layer) is GrowLayer for layer in cache.layers)
+    for a, b in zip(reference, grown):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_appends_in_place_without_copying_the_cache():
+    layer = GrowLayer()
+    k = torch.randn(2, 3, 5, 4)
+    layer.update(k, k.clone())
+    buffer = layer._k
+    for _ in range(4):
+        keys, _ = layer.update(torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4))
+        assert layer._k is buffer and keys.data_ptr() == buffer.data_ptr()  # a view, not a new tensor
+    assert layer.get_seq_length() == 9 and torch.equal(layer.keys[:, :, :5], k)
+
+
+def test_preallocated_buffers_are_filled_after_the_past():
+    k = torch.zeros(1, 2, 10, 4)
+    k[:, :, :3] = 1.0
+    layer = GrowLayer(k, k.clone(), 3)
+    assert layer.get_seq_length() == 3
+    keys, values = layer.update(torch.full((1, 2, 2, 4), 2.0), torch.full((1, 2, 2, 4), 2.0))
+    assert keys.shape[-2] == 5 and layer._k is k
+    assert keys[0, 0, :, 0].tolist() == [1.0, 1.0, 1.0, 2.0, 2.0]
