@@ -31,8 +31,8 @@ run cli        "$PY" bench/bench_cli.py --repeats 10
 run search     "$PY" bench/bench_search.py "${SEARCH[@]}"
 run cache      "$PY" bench/bench_cache.py
 run tableio    "$PY" bench/bench_tableio.py "${TABLE[@]}"
-run rollout    "$PY" bench/bench_rollout.py --model "$MODEL" --questions 1 --group-size 4 --max-new-tokens 32 \
-                   --max-turns 2 --repeats "$REP" --threads "$THREADS"
+run rollout    "$PY" bench/bench_rollout.py --model "$MODEL" --questions 1 --group-size 8 --max-new-tokens 64 \
+                   --max-turns 3 --repeats "$REP" --threads "$THREADS"
 run rollout_trl "$PY" bench/bench_rollout_trl.py --model "$MODEL" --questions 1 --group-size 4 --max-new-tokens 32 \
                    --repeats $((REP + 2)) --threads "$THREADS"
 run grpo       "$PY" bench/bench_grpo.py --model tiny --repeats $((REP + 1)) --steps 2 --threads "$THREADS"
