@@ -80,8 +80,14 @@ def adapter_dir(spec: str) -> Path:
 
 
 def _is_writer() -> bool:
+    """Rank 0 of a launch, or a lone process. The launcher's RANK counts too: a trainer may have
+    torn the process group down by the time the checkpoint is written (TRL's SFTTrainer does)."""
+    import os
+
     import torch.distributed as dist
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def save(result: TrainResult, out: str, *, stage: str, config: Any = None, context=None) -> None:

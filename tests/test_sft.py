@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -11,7 +14,7 @@ import torch
 from atomcli import models, schema, sft, tableio
 from atomcli.context import Context
 from atomcli.errors import InputError
-from conftest import atom
+from conftest import ROOT, atom
 
 FACTS = [("who founded Xylo Works", "Ana Berg"), ("where is Qorvia's capital", "Lunmark"),
          ("when did Pell Bridge open", "1887"), ("who wrote The Grey Tide", "Ivo Marr")]
@@ -105,3 +108,25 @@ def test_sft_lora_merges_into_a_plain_checkpoint(tiny_model, tok):
     assert not any("lora" in n for n in names)
     q = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.allclose(names[q], dict(base.named_parameters())[q])
+
+
+def test_two_process_launch_matches_one_process(tiny_model, tmp_path):
+    """torchrun with 2 ranks x batch 2 trains like one process with batch 4, and only rank 0 writes."""
+    from safetensors.torch import load_file
+    data = tmp_path / "sft.parquet"
+    rows = [messages(*f) for f in FACTS] * 2
+    tableio.write_table(pa.table({"messages": schema.array("messages", rows)}), str(data))
+    flags = ["--max-steps", "3", "--lr", "1e-2", "--no-gradient-checkpointing", "--lr-scheduler", "constant"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "atomcli", "sft", str(data), "--model", str(tiny_model), "--out", str(tmp_path / "ddp"),
+                           "--batch-size", "2", *flags], capture_output=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    assert proc.stderr.decode().count("wrote ") == 1  # rank 1 neither writes nor reports
+    atom("sft", data, "--model", tiny_model, "--out", tmp_path / "one", "--batch-size", "4", *flags, check=True)
+    ddp, one = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("ddp", "one"))
+    assert ddp["train_losses"] == pytest.approx(one["train_losses"], rel=1e-5)
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("ddp", "one"))
+    base = load_file(tiny_model / "model.safetensors")
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
+    assert max((base[k] - b[k]).abs().max().item() for k in b) > 1e-2  # and it did train
