@@ -266,39 +266,46 @@ def score(judge, prompts: dict[int, str], counts: dict[int, int], retries: int
     return scores, errors
 
 
+CHUNK = 1024  # trajectories in flight at once: bounds memory on 100k-row tables, keeps a judge server busy
+
+
 def run(table, config: ScoreConfig, context):
     _validate(config)
     t0 = time.time()
     judge = context.judge(config.judge, **judge_options(config))  # fails before any work
-    questions = table.column("question").to_pylist()
-    # chunk by chunk (a Parquet row group each): the whole column as Python dicts would be ~1 GB at 100k rows
-    all_steps = [trajectory_steps(m) for chunk in table.column("messages").chunks for m in chunk.to_pylist()]
-    counts = {i: sum(len(s.thoughts) for s in steps) for i, steps in enumerate(all_steps)}
-    prompts = {i: render_prompt(questions[i], steps, config.obs_chars)
-               for i, steps in enumerate(all_steps) if counts[i]}
-    context.log(f"score-rrm: {len(prompts)} trajectories with {sum(counts.values())} atomic thoughts "
-                f"-> judge {escape(judge.name)}")
-    scores, errors = score(judge, prompts, counts, config.retries)
-
-    thoughts_col, atr_col, err_col = [], [], []
-    for i, steps in enumerate(all_steps):
-        row_scores = scores.get(i)
-        units = [(turn, tag, text) for turn, step in enumerate(steps) for tag, text in step.thoughts]
-        thoughts_col.append([{"turn": turn, "tag": tag, "text": text,
-                              "score": row_scores[j] if row_scores else None}
-                             for j, (turn, tag, text) in enumerate(units)])
-        if not units:
-            atr_col.append(0.0)  # nothing to reward: a legitimate 0, not a failure
-            err_col.append(None)
-        elif row_scores is not None:
-            atr_col.append(sum(row_scores) / len(row_scores) / 10)
-            err_col.append(None)
-        else:
-            atr_col.append(None)
-            err_col.append(errors.get(i, "judge gave no reply"))
+    context.log(f"score-rrm: {table.num_rows} trajectories -> judge {escape(judge.name)}")
+    thoughts_col, atr_col, err_col, counts = [], [], [], {}
+    # Chunk by chunk: the messages of 100k trajectories as Python objects, with their rendered
+    # prompts, would take ~3 GB on top of the table.
+    for start in range(0, table.num_rows, CHUNK):
+        part = table.slice(start, CHUNK)
+        questions = part.column("question").to_pylist()
+        all_steps = [trajectory_steps(m) for m in part.column("messages").to_pylist()]
+        n = {i: sum(len(s.thoughts) for s in steps) for i, steps in enumerate(all_steps)}
+        prompts = {i: render_prompt(questions[i], steps, config.obs_chars)
+                   for i, steps in enumerate(all_steps) if n[i]}
+        scores, errors = score(judge, prompts, n, config.retries)
+        for i, steps in enumerate(all_steps):
+            counts[start + i] = n[i]
+            thoughts, atr, err = _row_columns(steps, scores.get(i), errors.get(i))
+            thoughts_col.append(thoughts)
+            atr_col.append(atr)
+            err_col.append(err)
     _summary(context, judge.name, atr_col, err_col, counts, time.time() - t0)
     return schema.set_columns(table, {"atomic_thoughts": thoughts_col, "atr": atr_col,
                                       "rrm_judge": [judge.name] * table.num_rows, "rrm_error": err_col})
+
+
+def _row_columns(steps, row_scores: list[float] | None, error: str | None):
+    """(atomic_thoughts, atr, rrm_error) of one trajectory."""
+    units = [(turn, tag, text) for turn, step in enumerate(steps) for tag, text in step.thoughts]
+    thoughts = [{"turn": turn, "tag": tag, "text": text, "score": row_scores[j] if row_scores else None}
+                for j, (turn, tag, text) in enumerate(units)]
+    if not units:
+        return thoughts, 0.0, None  # nothing to reward: a legitimate 0, not a failure
+    if row_scores is not None:
+        return thoughts, sum(row_scores) / len(row_scores) / 10, None
+    return thoughts, None, error or "judge gave no reply"
 
 
 def _summary(context, name: str, atr: list, errors: list, counts: dict, seconds: float) -> None:
@@ -307,7 +314,8 @@ def _summary(context, name: str, atr: list, errors: list, counts: dict, seconds:
     empty = sum(1 for c in counts.values() if c == 0)
     mean = sum(scored) / len(scored) if scored else float("nan")
     color = "yellow" if n_err else "green"
-    context.log(f"[{color}]score-rrm[/] judge {escape(name)}: {len(atr)} trajectories, mean ATR {mean:.3f}, "
+    context.log(f"[{color}]score-rrm[/] judge {escape(name)}: {len(atr)} trajectories, "
+                f"{sum(counts.values())} atomic thoughts, mean ATR {mean:.3f}, "
                 f"judge errors {n_err}, no thoughts {empty}, {seconds:.1f} s")
     first = next((e for e in errors if e), None)
     if first:

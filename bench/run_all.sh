@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/atomcli-bench}
 mkdir -p "$OUT" bench/plots
 
 if [[ -n "${BIG:-}" ]]; then
-  SEARCH=(--sizes 10000,100000 --queries 300); TABLE=(--sizes 1000,100000); REP=3
+  SEARCH=(--sizes 10000,100000 --queries 300); TABLE=(--sizes 1000,100000 --stage-at-big); REP=3
 else
   SEARCH=(--sizes 10000 --kinds english --queries 200); TABLE=(--sizes 1000,10000); REP=1
 fi

@@ -221,6 +221,19 @@ def test_run_with_the_heuristic_judge():
     assert out.schema.field("atomic_thoughts").type == schema.COLUMNS["atomic_thoughts"].type
 
 
+def test_chunked_scoring_equals_one_pass(monkeypatch):
+    """Rows are scored CHUNK at a time (memory); chunk borders change nothing, failures included."""
+    import pyarrow as pa
+    table = pa.concat_tables([rollout_table()] * 3)  # 9 rows: thoughts, thoughts, none, ...
+    judge = Scripted(lambda p, a: "[7, 3, 5]" if n_thoughts(p) == 3 else "no idea")  # one row kind fails
+    monkeypatch.setitem(plugins.JUDGES, "scripted", lambda arg, context, **options: judge)
+    whole = run(table, ScoreConfig(judge="scripted", retries=1), Context(quiet=True))
+    monkeypatch.setattr("atomcli.score_rrm.CHUNK", 2)
+    chunked = run(table, ScoreConfig(judge="scripted", retries=1), Context(quiet=True))
+    assert chunked.equals(whole)
+    assert whole.column("atr").null_count > 0 and whole.column("atr").drop_null().to_pylist()  # both kinds present
+
+
 def test_run_records_failures_with_null_atr_and_null_scores(monkeypatch):
     judge = Scripted(lambda p, a: "no idea")
     monkeypatch.setitem(plugins.JUDGES, "scripted", lambda arg, context, **options: judge)
