@@ -80,8 +80,8 @@ def adapter_dir(spec: str) -> Path:
 
 
 def _is_writer() -> bool:
-    """Rank 0 of a launch, or a lone process. The launcher's RANK counts too: a trainer may have
-    torn the process group down by the time the checkpoint is written (TRL's SFTTrainer does)."""
+    """Rank 0 of a launch, or a lone process. The launcher's RANK counts too: after TRL's SFTTrainer
+    the process group is no longer initialized when the checkpoint is written."""
     import os
 
     import torch.distributed as dist
