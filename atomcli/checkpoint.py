@@ -79,7 +79,7 @@ def adapter_dir(spec: str) -> Path:
     return Path(spec).expanduser() / ADAPTER_DIR
 
 
-def _is_writer() -> bool:
+def is_main_process() -> bool:
     """Rank 0 of a launch, or a lone process. The launcher's RANK counts too: after TRL's SFTTrainer
     the process group is no longer initialized when the checkpoint is written."""
     import os
@@ -97,7 +97,7 @@ def save(result: TrainResult, out: str, *, stage: str, config: Any = None, conte
     from atomcli import schema
     from atomcli.tableio import atomic_dir
 
-    if not _is_writer():
+    if not is_main_process():
         return
     parent = read_state(result.base)
     state = {

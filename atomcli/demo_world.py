@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import random
 import re
 import threading
@@ -661,7 +660,6 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
     config = {"seed": seed, "articles": articles, "train": train, "test": test, "sft": sft, "k": SFT_K,
               "date": SYSTEM_DATE}
     with tableio.atomic_dir(dest) as tmp:
-        os.chmod(tmp, search_local.default_mode(0o777))  # mkdtemp makes 0700
         (tmp / "corpus.jsonl").write_bytes(_jsonl(docs))
         (tmp / "train.jsonl").write_bytes(_jsonl([q.row() for q in train_q]))
         (tmp / "test.jsonl").write_bytes(_jsonl([q.row() for q in test_q]))

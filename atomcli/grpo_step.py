@@ -110,8 +110,7 @@ def read_batch(table, source: str = "-", *, recompute_old: bool = False) -> Batc
             continue
         if recompute_old:
             old = [0.0] * len(comp)
-        bad = next((j for j in idx if old[j] is None or not math.isfinite(old[j])), None)
-        if bad is not None:
+        elif (bad := next((j for j in idx if old[j] is None or not math.isfinite(old[j])), None)) is not None:
             raise InputError(f"old log-prob of sampled token {bad} is {old[bad]}", file=source, row=i,
                              column="old_logprobs", hint="sampled tokens need finite log-probs; rollouts from a "
                              "text-only server have none: pass --old-logprobs recompute")

@@ -63,13 +63,6 @@ will with would you your""".split())
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
-def default_mode(mode: int) -> int:
-    """`mode` filtered by the process umask (what open() would have given the file)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return mode & ~mask
-
-
 def local_url(doc_id: str) -> str:
     return LOCAL_PREFIX + urllib.parse.quote(str(doc_id), safe="")
 
@@ -114,7 +107,7 @@ def build_index(corpus_path: str, out: str, *, engine: str = "fts5", impacts: bo
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     os.close(fd)
-    os.chmod(tmp, default_mode(0o666))  # mkstemp makes 0600; an index is as shareable as any output
+    os.chmod(tmp, tableio.default_mode(0o666))  # mkstemp makes 0600; an index is as shareable as any output
     try:
         n = _build(_iter_docs(corpus_path, name), tmp, name, log, impacts)
         os.replace(tmp, dest)

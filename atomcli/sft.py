@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -57,7 +56,7 @@ def run(table, config: SFTConfig, context):
     from atomcli import checkpoint, models
 
     _check_config(config)
-    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun / accelerate launch: one voice per job
+    if not checkpoint.is_main_process():  # under torchrun / accelerate launch: one voice per job
         context.quiet = True
     table = filter_by_reward(table, config.min_reward)
     model, tok = models.load(config.model, context, trust_remote_code=config.trust_remote_code)

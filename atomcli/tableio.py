@@ -147,8 +147,12 @@ def table_bytes(table: pa.Table, fmt: str) -> bytes:
         opts = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
         return b"".join(orjson.dumps(r, option=opts) for r in table.to_pylist())
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd", row_group_size=ROW_GROUP)
+    _write_parquet(table, buf)
     return buf.getvalue()
+
+
+def _write_parquet(table: pa.Table, sink) -> None:
+    pq.write_table(table, sink, compression="zstd", row_group_size=ROW_GROUP)
 
 
 def write_table(table: pa.Table, path: str, fmt: str | None = None) -> None:
@@ -163,7 +167,7 @@ def write_table(table: pa.Table, path: str, fmt: str | None = None) -> None:
         sys.stdout.buffer.flush()
     elif fmt == "parquet":
         with _atomic_file(Path(path)) as f:
-            pq.write_table(table, f, compression="zstd", row_group_size=ROW_GROUP)
+            _write_parquet(table, f)
     else:
         write_bytes_atomic(Path(path), table_bytes(table, fmt))
 
@@ -177,8 +181,9 @@ def _read_umask() -> int:
 _UMASK = _read_umask()  # read once at import: os.umask is process-wide and not thread-safe
 
 
-def _umask() -> int:
-    return _UMASK
+def default_mode(mode: int) -> int:
+    """`mode` filtered by the process umask (what open() would have given a new file)."""
+    return mode & ~_UMASK
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -192,7 +197,7 @@ def _atomic_file(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual mode
+        os.fchmod(fd, default_mode(0o666))  # mkstemp makes 0600; outputs get the usual mode
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -212,7 +217,7 @@ def atomic_dir(path: str | Path):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
+    os.chmod(tmp, default_mode(0o777))  # mkdtemp makes 0700
     try:
         yield tmp
     except BaseException:
