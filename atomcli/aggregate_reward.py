@@ -4,7 +4,8 @@ Owns `f1`, `em`, `format_penalty`, `alpha`, `reward`, `advantage` (DESIGN.md §5
 
 Per row, with α from the schedule at step T of T_MAX (the same α for every row; 0 with --no-atr):
 
-    f1, em          metrics.f1 (token or set variant) / metrics.em of `answer` vs `golden_answers`
+    f1, em          metrics.f1 (--f1 squad|hotpot|set, the official scorers; token = squad) /
+                    metrics.em (SQuAD) of `answer` vs `golden_answers`
     format_penalty  −1 when the rollout's `format_ok` is false, else 0
     reward          −1                        when ill formed
                     f1                        when the judge failed (`atr` null or `rrm_error` set):
@@ -45,7 +46,11 @@ class AggregateConfig:
     alpha0: float = opt(0.5, "alpha at T=0")
     no_atr: bool = opt(False, "pure outcome reward (DeepResearcher), for ablations")
     no_std: bool = opt(False, "advantage without dividing by the group std (Dr. GRPO)")
-    f1: str = opt("token", "F1 variant: token (SQuAD bag of tokens) or set (DeepResearcher)")
+    f1: str = opt(metrics.DEFAULT_F1, "F1 scorer: squad (SQuAD v1.1), hotpot (HotpotQA/FlashRAG), "
+                                      "set (DeepResearcher); token = squad")
+
+    def __post_init__(self):  # provenance records the scorer itself: token -> squad
+        self.f1 = metrics.F1_ALIASES.get(self.f1, self.f1)
 
 
 def input_columns(config: AggregateConfig) -> list[str]:
@@ -98,8 +103,8 @@ def _check_atr(atr: list, source: str = "-") -> None:
 
 
 def run(table, config: AggregateConfig, context):
-    if config.f1 not in ("token", "set"):
-        raise unknown_choice("F1 variant", config.f1, ("token", "set"))
+    if config.f1 not in metrics.F1_VARIANTS:
+        raise unknown_choice("F1 variant", config.f1, metrics.F1_VARIANTS)
     a = alpha(config)
     schema.require(table, "aggregate-reward", columns=input_columns(config))
     n = table.num_rows
@@ -156,7 +161,7 @@ def _summary(context, config, a, reward, f1, em, ok, fallback, groups) -> None:
     t.add_row("alpha", f"{a:.4f}")
     t.add_row("rows / groups", f"{n} / {len(members)}")
     t.add_row("reward mean ± std", f"{r_mean:.4f} ± {r_std:.4f}")
-    t.add_row("f1 / em mean", f"{_mean_std(f1)[0]:.4f} / {_mean_std(em)[0]:.4f}")
+    t.add_row(f"f1 ({config.f1}) / em ({metrics.EM_SCORER}) mean", f"{_mean_std(f1)[0]:.4f} / {_mean_std(em)[0]:.4f}")
     t.add_row("format errors", f"{n - sum(ok)} ({(n - sum(ok)) / n:.1%})")
     if not config.no_atr:
         t.add_row("judge fallbacks (f1 only)", f"{sum(fallback)}")

@@ -199,9 +199,11 @@ def _checkpoint_stage(stage: str):
     return handler
 
 
-def _eval_handler(cfg, mod, *, input: str, out: str, markdown: str | None, history: str | None):
+def _eval_handler(cfg, mod, *, input: str, out: str, markdown: str | None, history: str | None,
+                  compare: str | None):
     from atomcli import evaluate_io
-    evaluate_io.run_to_files(mod, input, cfg, _context(), out=out, markdown=markdown, history=history)
+    evaluate_io.run_to_files(mod, input, cfg, _context(), out=out, markdown=markdown, history=history,
+                             compare=compare)
 
 
 stage_command("sft", "sft", "SFTConfig", [("data", "Trajectory table or chat JSONL (`messages` column).")],
@@ -222,7 +224,8 @@ stage_command("eval", "evaluate", "EvalConfig", [("input", "Answered rollouts, o
               _eval_handler,
               extra=[_param("out", Annotated[str, typer.Option("--out", "-o", help="Report JSON (`-` = stdout).")]),
                      _param("markdown", Annotated[Optional[str], typer.Option("--markdown", help="Also write a Markdown report.")], None),
-                     _param("history", Annotated[Optional[str], typer.Option("--history", help="Append one JSON line per run (for cron).")], None)])
+                     _param("history", Annotated[Optional[str], typer.Option("--history", help="Append one JSON line per run (for cron).")], None),
+                     _param("compare", Annotated[Optional[str], typer.Option("--compare", help="Baseline: a report JSON or an answered table of the same questions; adds F1/EM differences with paired 95% bootstrap intervals.")], None)])
 
 
 # --- utility commands ------------------------------------------------------------------------
@@ -235,10 +238,12 @@ def run_all_cmd(
     demo: Annotated[bool, typer.Option("--demo", help="Everything embedded: demo world, local index, SmolLM2, offline judge.")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="With --demo: a tiny model and a few steps (CI smoke test).")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last complete step in --out.")] = False,
+    preset: Annotated[str, typer.Option("--preset", help="With --demo: `demo` (the ~25-minute tour) or `learn` (the learning study: 10 GRPO steps, evals on all 100 test questions; <= 90 min on 2 cores).")] = "demo",
 ):
     """SFT, then N x \\[rollout -> score-rrm -> aggregate-reward -> grpo-step], with evals; one process."""
     from atomcli import run_all
-    run_all.main(out=out, config_file=config_file, demo=demo, quick=quick, resume=resume, context=_context())
+    run_all.main(out=out, config_file=config_file, demo=demo, quick=quick, resume=resume, context=_context(),
+                 preset=preset)
 
 
 @app.command("index")

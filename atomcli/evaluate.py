@@ -6,7 +6,9 @@ by position: golden answers and `data_source` come from the rows themselves (a r
 carries the question columns through), and rows sharing an `id` must agree on them.
 
 How the numbers are aggregated (so that shuffled rows and any group size give one answer):
-- every trajectory gets F1 (`--f1 token|set`), EM and cover-EM against its golden answers;
+- every trajectory gets F1 (`--f1 squad|hotpot|set`, token = squad), EM (SQuAD) and cover-EM
+  (FlashRAG sub-EM) against its golden answers, exactly as the official scorers; the report's
+  `scorers` says which scorer each number comes from;
 - a question's value is the mean over its samples (a group of G trajectories with one id);
   `best_f1` is the group's maximum F1 (a pass@k-style "best of group" number; it equals
   `f1` when there is one sample per question);
@@ -34,8 +36,9 @@ from atomcli import metrics, schema
 from atomcli.config import opt, to_dict
 from atomcli.errors import InputError
 
-F1_VARIANTS = ("token", "set")
+F1_VARIANTS = metrics.F1_VARIANTS
 UNKNOWN_SOURCE = "unknown"
+PER_QUESTION_KEYS = ("f1", "em", "cover_em")
 
 # Metrics averaged per question then over questions, in report order.
 MEAN_KEYS = ("f1", "em", "cover_em", "format_error_rate", "mean_turns", "searches_per_question",
@@ -47,7 +50,8 @@ class EvalConfig:
     model: str = opt("", "policy to roll out when INPUT holds questions only")
     search: str = opt("ddg", "search SPEC for the rollout (with --model)")
     judge: str = opt("", "optional LLM judge SPEC for a correct/incorrect verdict next to F1")
-    f1: str = opt("token", "F1 variant: token or set")
+    f1: str = opt(metrics.DEFAULT_F1, "F1 scorer: squad (SQuAD v1.1), hotpot (HotpotQA/FlashRAG), "
+                                      "set (DeepResearcher); token = squad")
     greedy: bool = opt(True, "greedy decoding when rolling out")
     max_turns: int = opt(10, "turn cap when rolling out")
     max_new_tokens: int = opt(512, "token cap per turn when rolling out")
@@ -89,11 +93,12 @@ def run(table, config: EvalConfig, context) -> dict:
 
 # --- scoring (pure) ---------------------------------------------------------------------------
 
-def score_table(table, f1_variant: str = "token", *, verdicts: list | None = None) -> dict:
+def score_table(table, f1_variant: str = metrics.DEFAULT_F1, *, verdicts: list | None = None) -> dict:
     """The metrics of an answered table, overall and per `data_source`. Pure: no I/O, no clock.
 
     `verdicts`: optional judge verdict per row (True / False / None = judge failure)."""
     _check_variant(f1_variant)
+    f1_variant = metrics.f1_scorer(f1_variant)  # token -> squad: the report names the scorer itself
     schema.require(table, "eval", None)
     cols = table.column_names
     ids = table.column("id").to_pylist()
@@ -129,8 +134,13 @@ def score_table(table, f1_variant: str = "token", *, verdicts: list | None = Non
         "n": len(questions),
         "n_trajectories": len(ids),
         "f1_variant": f1_variant,
+        "scorers": metrics.scorers(f1_variant),  # which official scorer each number comes from
         "overall": _bucket(list(questions.values()), judged),
         "by_source": {src: _bucket(qs, judged) for src, qs in sorted(by_source.items())},
+        # what `eval --compare` pairs on: each question's mean over its samples
+        "per_question": {qid: {"source": q["source"],
+                               **{k: _mean(s[k] for s in q["samples"]) for k in PER_QUESTION_KEYS}}
+                         for qid, q in sorted(questions.items(), key=lambda kv: str(kv[0]))},
     }
 
 

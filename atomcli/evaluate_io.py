@@ -28,10 +28,11 @@ COLUMNS = [("n", "n", "n"), ("f1", "F1", "F1"), ("em", "EM", "EM"), ("cover_em",
 
 
 def run_to_files(mod, input_path: str, cfg, ctx, *, out: str, markdown: str | None = None,
-                 history: str | None = None) -> dict:
+                 history: str | None = None, compare: str | None = None) -> dict:
     """Read INPUT, evaluate, write the reports; returns the report."""
     if out == "-" and markdown == "-":
         raise InputError("--out and --markdown cannot both be `-` (stdout)", hint="give one of them a file name")
+    baseline = read_baseline(compare, cfg.f1) if compare else None  # a bad baseline fails before any rollout
     if cfg.judge:  # unknown names fail before any data or model loads
         plugins.check_judge_spec(cfg.judge)
     name = "<stdin>" if input_path == "-" else input_path
@@ -43,6 +44,12 @@ def run_to_files(mod, input_path: str, cfg, ctx, *, out: str, markdown: str | No
     except InputError as e:
         raise e.located(file=name) from None
     report = {"input": name, **report}
+    if baseline is not None:
+        from atomcli import compare as cmp
+        try:
+            report["compare"] = cmp.compare_reports(report, baseline, baseline_name=compare, seed=cfg.seed)
+        except InputError as e:
+            raise e.located(file=compare) from None
 
     _emit(out, to_json(report))
     if markdown:
@@ -51,10 +58,34 @@ def run_to_files(mod, input_path: str, cfg, ctx, *, out: str, markdown: str | No
         append_history(Path(history), report)
     if not ctx.quiet:
         ctx.console.print(rich_table(report))
+        if "compare" in report:
+            ctx.console.print(compare_table(report["compare"]))
     for path in (out, markdown, history):
         if path and path != "-":
             ctx.log(f"[green]wrote[/] {path}")
     return report
+
+
+def read_baseline(path: str, f1_variant: str) -> dict:
+    """The baseline of `--compare`: a report JSON of `atom eval`, or an answered table (scored here)."""
+    from atomcli import evaluate
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("baseline not found", file=path, hint="give a report JSON or an answered rollout table")
+    data = p.read_bytes()
+    try:  # a report is one JSON object; a JSONL table is several (and fails to parse as one)
+        report = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        if p.suffix == ".json":
+            raise InputError(f"not a JSON report ({e})", file=path) from None
+        report = None
+    if isinstance(report, dict) and "overall" in report:
+        return report
+    table = tableio.read_table(path)
+    try:
+        return evaluate.score_table(table, f1_variant)
+    except InputError as e:
+        raise e.located(file=path) from None
 
 
 def to_json(report: dict) -> bytes:
@@ -118,6 +149,13 @@ def _rows(report: dict) -> list[tuple[str, dict]]:
     return list(report["by_source"].items()) + [("overall", report["overall"])]
 
 
+def scorer_line(report: dict) -> str:
+    """Which official scorer each number comes from (`F1 = squad: SQuAD v1.1 token F1 ...`)."""
+    from atomcli.metrics import SCORERS
+    names = report.get("scorers") or {}
+    return "; ".join(f"{k} = {v} ({SCORERS.get(v, v)})" for k, v in names.items()) or "-"
+
+
 def rich_table(report: dict):
     from rich import box
     from rich.table import Table
@@ -125,7 +163,8 @@ def rich_table(report: dict):
     cols = _visible_columns(report)
     title = f"eval: {report.get('input', '')}" + (f"  model {report['model']}" if report.get("model") else "")
     table = Table(title=title, caption="F1, EM, cover(-EM), best (F1 of a group), judge, fmt (format errors) in %; "
-                                       "turns, srch (searches), brws (browses), tok (tokens) per question",
+                                       "turns, srch (searches), brws (browses), tok (tokens) per question\n"
+                                       f"scorers: {scorer_line(report)}",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     rows = _rows(report)
     # source names matter more than wide headers when the terminal (or a CI log) is narrow
@@ -138,6 +177,34 @@ def rich_table(report: dict):
     return table
 
 
+def compare_table(c: dict):
+    """Differences against the baseline with their paired bootstrap intervals."""
+    from rich import box
+    from rich.table import Table
+
+    from atomcli.compare import COMPARED, describe
+    table = Table(title=f"vs {c['baseline']} ({c['n_shared']} shared questions; paired bootstrap "
+                        f"{100 * c['level']:.0f}% interval)", box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("source")
+    for m in COMPARED:
+        table.add_column(f"Δ {m}", justify="right")
+    rows = list(c["by_source"].items()) + [("overall", c["overall"])]
+    for i, (src, vals) in enumerate(rows):
+        table.add_row(src, *(describe(vals.get(m)) for m in COMPARED), style="bold" if i == len(rows) - 1 else None)
+    return table
+
+
+def compare_markdown(c: dict) -> list[str]:
+    from atomcli.compare import COMPARED, describe
+    lines = ["", f"## Against `{c['baseline']}`", "",
+             f"Paired over {c['n_shared']} shared question ids; {100 * c['level']:.0f}% percentile bootstrap "
+             f"interval of the mean difference ({c['n_boot']} resamples).", "",
+             "| data_source | " + " | ".join(f"Δ {m}" for m in COMPARED) + " |", "|---|" + "---:|" * len(COMPARED)]
+    for src, vals in list(c["by_source"].items()) + [("**overall**", c["overall"])]:
+        lines.append(f"| {src} | " + " | ".join(describe(vals.get(m)) for m in COMPARED) + " |")
+    return lines
+
+
 def to_markdown(report: dict) -> str:
     cols = _visible_columns(report)
     cfg = report.get("config") or {}
@@ -147,6 +214,7 @@ def to_markdown(report: dict) -> str:
              f"- time: {report.get('time')}",
              f"- questions: {report.get('n')}, trajectories: {report.get('n_trajectories')}",
              f"- F1 variant: {report.get('f1_variant')}" + (f"; judge: `{cfg['judge']}`" if cfg.get("judge") else ""),
+             f"- scorers: {scorer_line(report)}",
              "",
              "| data_source | " + " | ".join(t for _, t, _ in cols) + " |",
              "|---|" + "---:|" * len(cols)]
@@ -159,4 +227,6 @@ def to_markdown(report: dict) -> str:
     judge_errors = report["overall"].get("judge_errors")
     if judge_errors:
         lines.append(f"\nThe judge gave no verdict for {judge_errors} answer(s); they are left out of judge accuracy.")
+    if "compare" in report:
+        lines += compare_markdown(report["compare"])
     return "\n".join(lines) + "\n"

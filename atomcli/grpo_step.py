@@ -56,8 +56,15 @@ class GRPOConfig:
     gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, ~30% more time)")
     lora: bool = opt(False, "train a LoRA adapter (peft) instead of all weights")
     lora_r: int = opt(16, "LoRA rank")
+    skip_zero_advantage: bool = opt(True, "with beta = 0 and no entropy term, do not forward/backward rows whose "
+                                          "advantage is 0 (exact: their gradient is 0; the loss denominators keep them)")
     seed: int = opt(0, "random seed")
     trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run")
+
+
+def skips_zero_rows(config: "GRPOConfig") -> bool:
+    """Zero-advantage rows add exactly nothing to the gradient only without the KL and entropy terms."""
+    return config.skip_zero_advantage and config.beta == 0 and config.entropy_coef == 0
 
 
 # --- the batch: validated token columns ---------------------------------------------------------
@@ -75,21 +82,27 @@ class Trajectory:
 
 @dataclass
 class Batch:
-    trajectories: list[Trajectory]  # rows with at least one sampled token
+    trajectories: list[Trajectory]  # rows with at least one sampled token (minus skipped ones)
     n_rows: int
     n_tokens: int                   # sampled tokens in the whole batch (the token-mean denominator)
     max_id: int
     stats: dict = field(default_factory=dict)
+    n_seqs: int = 0                 # rows with at least one sampled token (the seq-mean denominator)
+    skipped: int = 0                # zero-advantage rows left out of the passes (they add no gradient)
+    skipped_tokens: int = 0
 
 
-def read_batch(table, source: str = "-", *, recompute_old: bool = False) -> Batch:
+def read_batch(table, source: str = "-", *, recompute_old: bool = False, skip_zero: bool = False) -> Batch:
     """Validate the token columns and advantages; InputError names the row and column.
 
     With recompute_old the table's old log-probs are not read (they may be NaN): 0.0 stands in
-    until `fill_old_logprobs` replaces them."""
+    until `fill_old_logprobs` replaces them. With skip_zero, rows whose advantage is exactly 0
+    are validated and counted in both denominators but not kept: with beta = 0 and no entropy
+    term their loss is -min(r*0, clip(r)*0) = 0 for every token, so their gradient is exactly 0
+    and a forward/backward pass over them is wasted (in a GRPO batch, every zero-variance group)."""
     cols = {c: table.column(c).to_pylist() for c in ("prompt_ids", "completion_ids", "loss_mask",
                                                       "old_logprobs", "advantage")}
-    trajs, n_tokens, max_id = [], 0, -1
+    trajs, n_tokens, max_id, n_seqs, skipped, skipped_tokens = [], 0, -1, 0, 0, 0
     for i in range(table.num_rows):
         prompt, comp, mask, old = (cols[c][i] for c in ("prompt_ids", "completion_ids", "loss_mask", "old_logprobs"))
         adv = cols["advantage"][i]
@@ -117,16 +130,20 @@ def read_batch(table, source: str = "-", *, recompute_old: bool = False) -> Batc
         p = len(prompt)
         ids = list(prompt) + list(comp[:idx[-1]])
         max_id = max(max_id, max(prompt), max(comp[:idx[-1] + 1]))
+        if min(prompt) < 0 or min(comp[:idx[-1] + 1]) < 0:
+            raise InputError("negative token id", file=source, row=i, column="completion_ids")
+        n_tokens += len(idx)
+        n_seqs += 1
+        if skip_zero and adv == 0:
+            skipped, skipped_tokens = skipped + 1, skipped_tokens + len(idx)
+            continue
         trajs.append(Trajectory(i, ids, [p + j - 1 for j in idx], [comp[j] for j in idx],
                                 [old[j] for j in idx], float(adv)))
-        n_tokens += len(idx)
     if not n_tokens:
         raise InputError("no sampled tokens to train on (every loss_mask is 0)", file=source,
                          column="loss_mask", hint="check the output of `atom rollout`")
-    if min((min(t.input_ids) for t in trajs), default=0) < 0 or min(min(t.targets) for t in trajs) < 0:
-        raise InputError("negative token id", file=source, column="completion_ids")
     stats = _column_stats(table, cols["advantage"])
-    return Batch(trajs, table.num_rows, n_tokens, max_id, stats)
+    return Batch(trajs, table.num_rows, n_tokens, max_id, stats, n_seqs, skipped, skipped_tokens)
 
 
 def _column_stats(table, adv) -> dict:
@@ -213,7 +230,7 @@ class MicroBatch:
 def micro_batches(batch: Batch, config: GRPOConfig, world: World, device, pad_id: int = 0) -> list[MicroBatch]:
     """This rank's share of the batch, in micro-batches of similar lengths, with loss weights."""
     import torch
-    n_seqs = len(batch.trajectories)
+    n_seqs = batch.n_seqs or len(batch.trajectories)
     # longest first, dealt round-robin: ranks get similar token counts, micro-batches little padding
     order = sorted(batch.trajectories, key=lambda t: (-len(t.input_ids), t.row))[world.rank::world.size]
     out = []
@@ -246,8 +263,13 @@ def micro_batches(batch: Batch, config: GRPOConfig, world: World, device, pad_id
 STAT_NAMES = ("loss", "pg_loss", "kl", "entropy", "clip_low", "clip_high", "ratio", "tokens")
 
 
-def grpo_update(model, optimizer, mbs: list[MicroBatch], config: GRPOConfig, world: World) -> dict:
-    """One optimizer step over the whole (global) batch. Returns the batch-level metrics."""
+def grpo_update(model, optimizer, mbs: list[MicroBatch], config: GRPOConfig, world: World,
+                zero_fill: bool = False) -> dict:
+    """One optimizer step over the whole (global) batch. Returns the batch-level metrics.
+
+    zero_fill: rows were skipped (read_batch skip_zero), so a parameter that got no gradient
+    gets an explicit 0, as the full pass would have given it: AdamW then advances its moments
+    exactly as in the full update (a None gradient would leave them untouched)."""
     import torch
 
     from atomcli.token_logprobs import sequence_logprobs
@@ -262,6 +284,10 @@ def grpo_update(model, optimizer, mbs: list[MicroBatch], config: GRPOConfig, wor
         loss.backward()
         stats += torch.stack(parts).cpu()
     stats = world.all_sum(stats)
+    if zero_fill:
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
     if world.size > 1:
         _all_reduce_grads(params, world)
     max_norm = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
@@ -372,7 +398,8 @@ def make_optimizer(model, config: GRPOConfig, state: dict | None = None, source:
 def run(table, config: GRPOConfig, context):
     """One GRPO step on `table`; returns a checkpoint.TrainResult (cli saves it)."""
     _check_config(config)
-    batch = read_batch(table, recompute_old=config.old_logprobs == "recompute")  # fails before heavy imports
+    batch = read_batch(table, recompute_old=config.old_logprobs == "recompute",  # fails before heavy imports
+                       skip_zero=skips_zero_rows(config))
 
     import torch
 
@@ -389,7 +416,7 @@ def run(table, config: GRPOConfig, context):
 
     mbs = micro_batches(batch, config, world, device, pad_id=tok.pad_token_id or 0)
     local = torch.tensor([float(sum(mb.targets.numel() for mb in mbs))], dtype=torch.float64)
-    if world.all_sum(local).item() != batch.n_tokens:
+    if world.all_sum(local).item() != batch.n_tokens - batch.skipped_tokens:
         raise RuntimeError("ranks read different tables (sampled-token counts disagree)")
 
     t0 = time.perf_counter()
@@ -409,10 +436,12 @@ def run(table, config: GRPOConfig, context):
     ref_seconds = time.perf_counter() - t0
 
     optimizer = make_optimizer(model, config, policy.optimizer_state, source=config.model)
-    updates = [grpo_update(model, optimizer, mbs, config, world) for _ in range(config.epochs)]
+    updates = [grpo_update(model, optimizer, mbs, config, world, zero_fill=batch.skipped > 0)
+               for _ in range(config.epochs)]
     finish_training(model, config)
 
     metrics = {**updates[0], "ref_seconds": ref_seconds, "step": policy.step, "n_trajectories": batch.n_rows,
+               "skipped_zero_advantage": batch.skipped, "skipped_tokens": batch.skipped_tokens,
                "lr": config.lr, "world_size": world.size, "peak_rss_mb": _peak_rss_mb(), **batch.stats}
     if len(updates) > 1:
         metrics["last_update"] = updates[-1]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,62 @@ class RunAllConfig:
     eval_every: int = opt(0, "eval every K steps (0 = only before training, after SFT and at the end)")
     eval_limit: int = opt(32, "test questions per eval (0 = all)")
     eval_base: bool = opt(True, "evaluate the starting model before training")
+    curriculum: str = opt("file", "which training questions each step takes: file (file order), shuffle "
+                                  "(seeded order), hops (shuffled; fewest hops first, all hops by the last step)")
+    curriculum_levels: int = opt(2, "with curriculum=hops: hop levels admitted at step 1 (then one more at a "
+                                    "time, evenly over the steps)")
     seed: int = opt(0, "seed for every stage")
+
+
+CURRICULA = ("file", "shuffle", "hops")
+_HOPS = re.compile(r"(\d+)[ _-]?hop", re.I)
+
+
+def question_hops(table) -> list[int]:
+    """Hop count per training question: a `hops` column, else `Nhop` in `data_source`, else 1."""
+    if "hops" in table.column_names:
+        return [int(h) if h is not None else 1 for h in table.column("hops").to_pylist()]
+    if "data_source" in table.column_names:
+        return [int(m.group(1)) if (m := _HOPS.search(str(s or ""))) else 1
+                for s in table.column("data_source").to_pylist()]
+    return [1] * table.num_rows
+
+
+def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, seed: int = 0,
+                   levels: int = 2) -> list[list[int]]:
+    """Row indices of the training questions of every step (a pure function: resume redraws the same).
+
+    hops: questions are drawn in one seeded shuffled order, never twice before every admitted
+    question has been drawn once; step t admits the `levels` lowest hop counts plus one more
+    level per equal share of the steps, so the last part of the run sees every hop count.
+    Why: a question the policy never solves gives a group of equal rewards and no gradient;
+    starting where the SFT policy sometimes succeeds keeps the groups informative."""
+    n = len(hops)
+    if curriculum not in CURRICULA:
+        from atomcli.errors import unknown_choice
+        raise unknown_choice("curriculum", curriculum, CURRICULA)
+    if curriculum == "file":
+        return [[(t * per_step + i) % n for i in range(per_step)] for t in range(steps)]
+    import random
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    tiers = sorted(set(hops))
+    plan, used = [], set()
+    for t in range(steps):
+        if curriculum == "hops":
+            extra = (len(tiers) - levels) if levels < len(tiers) else 0
+            k = min(len(tiers), max(1, levels) + (t * (extra + 1)) // max(steps, 1))
+            cap = tiers[k - 1]
+        else:
+            cap = tiers[-1]
+        admitted = [i for i in order if hops[i] <= cap]
+        pick = [i for i in admitted if i not in used][:per_step]
+        if len(pick) < per_step:  # every admitted question drawn once: start the next round
+            used -= set(admitted)
+            pick += [i for i in admitted if i not in used and i not in pick][:per_step - len(pick)]
+        used |= set(pick)
+        plan.append(pick)
+    return plan
 
 
 # Presets are data: stage sections as a TOML file would give them.
@@ -59,6 +115,19 @@ DEMO = {
     "grpo-step": {"lr": 5e-6, "beta": 0.0, "micro_batch": 4, "gradient_checkpointing": False},
     "eval": {"max_turns": 4, "max_new_tokens": 192},
 }
+# The learning study (bench/LEARNING.md): the demo's SFT, then enough GRPO steps to move the
+# policy, with evals on the whole test split after SFT, at the middle and at the end. Sized from
+# the demo's measured rates (a step of 32 trajectories ~4-5 min on 2 idle cores) for <= 90 min.
+LEARN = {
+    "run-all": {"steps": 10, "questions_per_step": 4, "eval_limit": 0, "eval_every": 5, "eval_base": False,
+                "judge": "heuristic", "curriculum": "hops"},
+    "sft": DEMO["sft"],
+    "rollout": {**DEMO["rollout"], "group_size": 8},
+    "aggregate-reward": {},
+    "grpo-step": {"lr": 2e-5, "beta": 0.0, "micro_batch": 4, "gradient_checkpointing": False},
+    "eval": DEMO["eval"],
+}
+PRESETS = {"demo": DEMO, "learn": LEARN}
 QUICK = {
     "run-all": {"steps": 2, "questions_per_step": 2, "eval_limit": 4, "judge": "heuristic"},
     "sft": {"epochs": 1.0, "lr": 1e-3, "batch_size": 2, "max_length": 1024, "gradient_checkpointing": False},
@@ -69,6 +138,22 @@ QUICK = {
     "eval": {"max_turns": 2, "max_new_tokens": 16},
 }
 QUICK_WORLD = {"articles": 120, "train": 12, "test": 4, "sft": 6}
+
+
+def preset_toml(name: str) -> str:
+    """A preset written out as the TOML file `--config` reads (examples/<name>.toml is this text)."""
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        return repr(v)
+    lines = [f"# The `{name}` preset of `atom run-all --demo` written out (generated from atomcli/run_all.py "
+             f"{name.upper()}; tests/test_run_all.py checks they agree).",
+             f"# Copy and edit:  atom run-all --demo --config examples/{name}.toml --out runs/mine"]
+    for sec, vals in PRESETS[name].items():
+        lines += ["", f"[{sec}]"] + [f"{k} = {value(v)}" for k, v in vals.items()]
+    return "\n".join(lines) + "\n"
 
 
 def _merge(*layers: dict) -> dict:
@@ -110,6 +195,10 @@ class Run:
         from atomcli import plugins
         plugins.check_search_spec(self.cfg.search)
         plugins.check_judge_spec(self.cfg.judge)
+        if self.cfg.curriculum not in CURRICULA:
+            from atomcli.errors import unknown_choice
+            raise unknown_choice("curriculum", self.cfg.curriculum, CURRICULA)
+        self.first_eval: tuple[str, dict] | None = None  # what every later eval is compared with
         self.t0 = time.time()
         self.step_times: list[float] = []  # durations of the steps this process ran, for the ETA
         self.step_start: float | None = None
@@ -162,7 +251,9 @@ class Run:
         from atomcli import evaluate, tableio
         report_path = self.out / "eval" / f"{name}.json"
         if report_path.exists():
-            return json.loads(report_path.read_text())
+            report = json.loads(report_path.read_text())
+            self.first_eval = self.first_eval or (name, report)
+            return report
         questions = self.out / "eval" / "questions.parquet"
         rcfg = dataclasses.replace(self.rollout, model=model, group_size=1, temperature=0.0,
                                    max_turns=self.eval.max_turns, max_new_tokens=self.eval.max_new_tokens)
@@ -170,16 +261,29 @@ class Run:
         self.rollout_stage(rcfg, questions, table_path)
         report = evaluate.score_table(self.read(table_path), self.eval.f1)
         report.update({"name": name, "model": model})
+        vs = ""
+        if self.first_eval is not None and "per_question" in self.first_eval[1]:
+            from atomcli import compare
+            report["compare"] = compare.compare_reports(report, self.first_eval[1], baseline_name=self.first_eval[0],
+                                                        seed=self.cfg.seed)
+            vs = f"  (vs {self.first_eval[0]}: ΔF1 {compare.describe(report['compare']['overall']['f1'])})"
         tableio.write_bytes_atomic(report_path, json.dumps(report, indent=2).encode())
-        self.log(f"eval {name}: F1 {report['overall']['f1']:.3f}  EM {report['overall']['em']:.3f}")
+        self.first_eval = self.first_eval or (name, report)
+        self.log(f"eval {name}: F1 {report['overall']['f1']:.3f}  EM {report['overall']['em']:.3f}{vs}")
         return report
 
 
-def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context) -> dict:
+def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context, preset: str = "demo") -> dict:
     """Settings for this run: preset < config file; with --demo, build the world and model."""
-    settings = _merge(DEMO if demo and not quick else {}, QUICK if quick else {}, cfgmod.load_file(config_file))
+    if preset not in PRESETS:
+        from atomcli.errors import unknown_choice
+        raise unknown_choice("preset", preset, tuple(PRESETS))
     if quick and not demo:
         raise InputError("--quick only applies with --demo")
+    if preset != "demo" and not demo:
+        raise InputError(f"--preset {preset} only applies with --demo")
+    settings = _merge(PRESETS[preset] if demo and not quick else {}, QUICK if quick else {},
+                      cfgmod.load_file(config_file))
     if demo:
         from atomcli import demo_world, models
         world = out / "world"
@@ -201,13 +305,14 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
     return settings
 
 
-def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: bool, context) -> None:
+def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: bool, context,
+         preset: str = "demo") -> None:
     from atomcli import aggregate_reward, grpo_step, score_rrm, sft, tableio
     run_dir = Path(out)
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
         raise InputError("run folder exists and is not empty", file=out, hint="pass --resume to continue it, or a new --out")
     run_dir.mkdir(parents=True, exist_ok=True)
-    settings = prepare(run_dir, demo, quick, config_file, context)
+    settings = prepare(run_dir, demo, quick, config_file, context, preset)
     run = Run(run_dir, settings, context)
     cfg = run.cfg
 
@@ -222,6 +327,8 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
     if not (run_dir / "eval" / "questions.parquet").exists():
         tableio.write_table(test, str(run_dir / "eval" / "questions.parquet"))
 
+    plan = plan_questions(question_hops(train), cfg.steps, cfg.questions_per_step, cfg.curriculum, cfg.seed,
+                          cfg.curriculum_levels)
     model = cfg.model
     if cfg.eval_base:
         run.evaluate("base", model)
@@ -235,10 +342,8 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
         d = run.step_dir(t)
         ckpt = d / "ckpt"
         if not (d / "metrics.json").exists():
-            q = cfg.questions_per_step
-            idx = [(t * q + i) % train.num_rows for i in range(q)]
             if not (d / "questions.parquet").exists():
-                tableio.write_table(train.take(idx), str(d / "questions.parquet"))
+                tableio.write_table(train.take(plan[t]), str(d / "questions.parquet"))
             run.log(f"[bold]step {t + 1}/{cfg.steps}[/]{_eta(run, t, cfg.steps)}")
             run.rollout_stage(dataclasses.replace(run.rollout, model=model, seed=cfg.seed + t),
                               d / "questions.parquet", d / "rollouts.parquet")
@@ -275,35 +380,18 @@ def _eta(run: Run, t: int, steps: int) -> str:
 
 def _log_metrics(run: Run, t: int, d: Path) -> None:
     """One line of metrics.jsonl per step, from the step's tables and checkpoint."""
-    import math
-    rewarded = run.read(d / "rewarded.parquet").to_pydict()
-    ckpt_metrics = {}
-    mfile = d / "ckpt" / "metrics.json"
-    if mfile.exists():
-        ckpt_metrics = json.loads(mfile.read_text())
-
-    def mean(xs):
-        xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-        return sum(xs) / len(xs) if xs else None
-
-    rewards = rewarded["reward"]
-    m = mean(rewards)
-    line = {
-        "step": t + 1, "alpha": rewarded["alpha"][0], "reward_mean": m,
-        "reward_std": (sum((r - m) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else None,
-        "f1": mean(rewarded["f1"]), "atr": mean(rewarded["atr"]),
-        "format_error": mean([0.0 if ok else 1.0 for ok in rewarded["format_ok"]]),
-        "searches": mean(rewarded["n_search"]), "turns": mean(rewarded["n_turns"]),
-        "judge_errors": sum(e is not None for e in rewarded["rrm_error"]),
-        "time_min": (time.time() - run.t0) / 60,
-    }
-    for k in ("loss", "kl", "clip_frac", "clip_fraction", "entropy", "grad_norm", "tokens_per_s"):
-        if k in ckpt_metrics:
-            line[k] = ckpt_metrics[k]
+    from atomcli import step_metrics as sm
     from atomcli import tableio
+    rewarded = run.read(d / "rewarded.parquet").to_pydict()
+    mfile = d / "ckpt" / "metrics.json"
+    ckpt_metrics = json.loads(mfile.read_text()) if mfile.exists() else {}
+    line = sm.step_line(t + 1, rewarded, ckpt_metrics)
+    line[sm.TIME_MIN] = (time.time() - run.t0) / 60
     tableio.write_bytes_atomic(d / "metrics.json", json.dumps(line).encode())
     # metrics.jsonl is rebuilt from the step folders, so a kill between writes never loses a line
     lines = [json.loads(p.read_text()) for p in sorted((run.out / "steps").glob("*/metrics.json"))]
     tableio.write_bytes_atomic(run.out / "metrics.jsonl", b"".join(json.dumps(x).encode() + b"\n" for x in lines))
-    run.log(f"step {t + 1}: reward {line['reward_mean']:.3f}  f1 {line['f1']:.3f}  "
-            f"atr {line['atr'] if line['atr'] is None else round(line['atr'], 3)}  alpha {line['alpha']:.3f}")
+    fmt = lambda k: "-" if line.get(k) is None else f"{line[k]:.3f}"  # noqa: E731
+    run.log(f"step {t + 1}: reward {fmt(sm.REWARD_MEAN)} ± {fmt(sm.REWARD_STD)}  f1 {fmt(sm.F1)}  "
+            f"atr {fmt(sm.ATR)}  alpha {fmt(sm.ALPHA)}  zero-var groups {fmt(sm.ZERO_VAR_GROUPS)}  "
+            f"kl {fmt(sm.KL)}  entropy {fmt(sm.ENTROPY)}  grad {fmt(sm.GRAD_NORM)}")

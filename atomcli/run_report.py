@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-CURVES = [("reward_mean", "reward"), ("f1", "F1"), ("atr", "ATR"), ("alpha", "alpha"), ("kl", "KL"),
-          ("clip_frac", "clip fraction"), ("format_error", "format errors"), ("searches", "searches / trajectory")]
+from atomcli import step_metrics as sm
 
 
 def _evals(run_dir: Path) -> list[dict]:
@@ -32,17 +31,26 @@ def write(run_dir: Path, context=None) -> Path:
     plots = _plots(run_dir, metrics, evals)
     lines = ["# atomcli run summary", "", f"Run folder: `{run_dir}`", ""]
     if evals:
-        lines += ["## Evaluation (test split)", "", "| checkpoint | F1 | EM | cover-EM | format errors | searches/q | n |",
-                  "|---|---|---|---|---|---|---|"]
+        from atomcli.compare import describe
+        first = evals[0]["name"]
+        lines += ["## Evaluation (test split)", "",
+                  f"| checkpoint | F1 | EM | cover-EM | ΔF1 vs {first} [95% CI] | ΔEM vs {first} [95% CI] "
+                  "| format errors | searches/q | n |", "|---|---|---|---|---|---|---|---|---|"]
         for r in evals:
             o = r.get("overall", {})
+            c = (r.get("compare") or {}).get("overall", {})
             lines.append(f"| {r['name']} | {o.get('f1', 0):.3f} | {o.get('em', 0):.3f} | {o.get('cover_em', 0):.3f} | "
-                         f"{o.get('format_error_rate', o.get('format_error', 0)):.3f} | "
+                         f"{describe(c.get('f1'))} | {describe(c.get('em'))} | "
+                         f"{o.get('format_error_rate') or 0:.3f} | "
                          f"{o.get('searches_per_question', 0) or 0:.2f} | {o.get('n', r.get('n', ''))} |")
-        lines.append("")
+        lines += ["", "Δ: paired difference over the same question ids with a 95% percentile bootstrap interval "
+                      "(`atomcli/compare.py`); an interval above 0 is a gain that resampling the questions "
+                      "does not explain away.", ""]
+        by_source = _by_source_table(evals)
+        if by_source:
+            lines += by_source
     if metrics:
-        keys = ["step", "alpha", "reward_mean", "f1", "atr", "format_error", "searches", "kl", "clip_frac", "loss"]
-        keys = [k for k in keys if any(k in m for m in metrics)]
+        keys = [k for k in sm.TABLE if any(m.get(k) is not None for m in metrics)]
         lines += ["## Training steps", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         for m in metrics:
             lines.append("| " + " | ".join(_fmt(m.get(k)) for k in keys) + " |")
@@ -53,6 +61,18 @@ def write(run_dir: Path, context=None) -> Path:
     from atomcli.tableio import write_bytes_atomic
     write_bytes_atomic(out, "\n".join(lines).encode())
     return out
+
+
+def _by_source_table(evals: list[dict]) -> list[str]:
+    """F1 per data_source and checkpoint (where learning happens, or does not)."""
+    sources = sorted({src for r in evals for src in (r.get("by_source") or {})})
+    if len(sources) < 2:
+        return []
+    lines = ["| checkpoint | " + " | ".join(sources) + " |", "|---|" + "---|" * len(sources)]
+    for r in evals:
+        bs = r.get("by_source") or {}
+        lines.append(f"| {r['name']} | " + " | ".join(_fmt((bs.get(s) or {}).get("f1")) for s in sources) + " |")
+    return ["F1 by data_source:", ""] + lines + [""]
 
 
 def _fmt(v) -> str:
@@ -72,7 +92,7 @@ def _plots(run_dir: Path, metrics: list[dict], evals: list[dict]) -> list[Path]:
     out.mkdir(exist_ok=True)
     written = []
     if metrics:
-        curves = [(k, label) for k, label in CURVES if any(m.get(k) is not None for m in metrics)]
+        curves = [(k, label) for k, label in sm.CURVES if any(m.get(k) is not None for m in metrics)]
         if curves:
             n = len(curves)
             cols = 4

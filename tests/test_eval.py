@@ -245,7 +245,7 @@ def test_run_to_files_writes_json_markdown_and_appends_history(tmp_path):
                                        out=str(out), markdown=str(md), history=str(hist))
     data = json.loads(out.read_text())
     assert data["overall"]["f1"] == pytest.approx(0.675) and data["input"] == str(src)
-    assert data["model"] == "tiny" and data["n"] == 4 and data["config"]["f1"] == "token" and data["time"]
+    assert data["model"] == "tiny" and data["n"] == 4 and data["config"]["f1"] == "squad" and data["time"]
     lines = hist.read_text().splitlines()
     assert len(lines) == 2
     rec = json.loads(lines[1])

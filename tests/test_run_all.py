@@ -126,3 +126,37 @@ def test_existing_folder_needs_resume(tmp_path):
     (tmp_path / "x").write_text("1")
     p = atom("run-all", "--demo", "--quick", "--out", tmp_path)
     assert p.returncode == 2 and b"--resume" in p.stderr
+
+
+# --- presets and the curriculum -------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(run_all.PRESETS))
+def test_examples_are_the_presets_written_out(name):
+    import tomllib
+    text = (ROOT / "examples" / f"{name}.toml").read_text()
+    assert text == run_all.preset_toml(name)  # regenerate with run_all.preset_toml if this fails
+    assert tomllib.loads(text) == run_all.PRESETS[name]
+
+
+def test_hops_curriculum_starts_low_and_reaches_every_level():
+    hops = [1, 2, 3, 4] * 25
+    plan = run_all.plan_questions(hops, steps=10, per_step=4, curriculum="hops", seed=0, levels=2)
+    assert [max(hops[i] for i in p) <= 2 for p in plan[:4]] == [True] * 4
+    assert max(hops[i] for i in plan[-1]) <= 4 and any(hops[i] == 4 for p in plan[7:] for i in p)
+    flat = [i for p in plan for i in p]
+    assert len(flat) == len(set(flat)) == 40  # no question twice while fresh ones remain
+    assert plan == run_all.plan_questions(hops, 10, 4, "hops", 0, 2)  # a pure function: resume redraws it
+    assert run_all.plan_questions(hops, 3, 4, "file") == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+def test_curriculum_cycles_when_the_admitted_pool_is_used_up():
+    hops = [1, 1, 1, 5, 5, 5]
+    plan = run_all.plan_questions(hops, steps=3, per_step=2, curriculum="hops", levels=1)
+    assert all(hops[i] == 1 for p in plan[:2] for i in p) and all(len(set(p)) == 2 for p in plan)
+
+
+def test_question_hops_from_column_or_data_source():
+    import pyarrow as pa
+    t = pa.table({"data_source": ["demo_3hop", "nq", None], "id": ["a", "b", "c"]})
+    assert run_all.question_hops(t) == [3, 1, 1]
+    assert run_all.question_hops(t.append_column("hops", pa.array([2, 2, None]))) == [2, 2, 1]

@@ -1,0 +1,88 @@
+"""Paired comparison (`eval --compare`): the difference and its bootstrap interval against hand math."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from conftest import atom
+
+from atomcli import compare
+from atomcli.errors import InputError
+
+
+def test_paired_difference_and_interval_cover_hand_computed_values():
+    new = {f"q{i}": 1.0 if i < 30 else 0.0 for i in range(100)}
+    base = {f"q{i}": 1.0 if i < 10 else 0.0 for i in range(100)}
+    c = compare.paired(new, base, n_boot=4000, seed=1)
+    assert c["n"] == 100 and c["diff"] == pytest.approx(0.2)
+    assert c["new"] == pytest.approx(0.3) and c["base"] == pytest.approx(0.1)
+    # 20 of 100 paired differences are +1, the rest 0: the mean's standard error is sqrt(.2*.8/100) = .04,
+    # so the 95% interval is about 0.2 ± 0.08
+    assert 0.10 < c["low"] < 0.14 and 0.26 < c["high"] < 0.30
+    assert c["p_le_0"] == 0.0
+    assert compare.paired(new, base, n_boot=4000, seed=1) == c  # seeded: repeatable
+
+
+def test_pairing_is_by_id_not_order():
+    rng = random.Random(0)
+    base = {f"q{i}": rng.random() for i in range(50)}
+    new = {k: v + 0.1 for k, v in reversed(list(base.items()))}
+    c = compare.paired(new, base, n_boot=500)
+    # every paired difference is exactly +0.1: the interval collapses on it
+    assert c["diff"] == pytest.approx(0.1) and c["low"] == pytest.approx(0.1) and c["high"] == pytest.approx(0.1)
+
+
+def test_no_difference_gives_an_interval_around_zero():
+    rng = random.Random(3)
+    base = {f"q{i}": float(rng.random() < 0.3) for i in range(200)}
+    new = {k: float(rng.random() < 0.3) for k in base}  # independent draws of the same rate
+    c = compare.paired(new, base)
+    assert c["low"] < 0 < c["high"] or math.isclose(c["diff"], 0)
+
+
+def _report(per_question, variant="squad"):
+    return {"f1_variant": variant, "per_question": per_question}
+
+
+def test_compare_reports_per_source_and_refusals():
+    pq_new = {"a": {"source": "s1", "f1": 1.0, "em": 1.0}, "b": {"source": "s2", "f1": 0.5, "em": 0.0},
+              "c": {"source": "s2", "f1": 0.0, "em": 0.0}}
+    pq_base = {"a": {"source": "s1", "f1": 0.0, "em": 0.0}, "b": {"source": "s2", "f1": 0.5, "em": 0.0},
+               "z": {"source": "s2", "f1": 1.0, "em": 1.0}}
+    c = compare.compare_reports(_report(pq_new), _report(pq_base), baseline_name="base.json", n_boot=200)
+    assert c["n_shared"] == 2 and c["only_new"] == 1 and c["only_baseline"] == 1
+    assert c["overall"]["f1"]["diff"] == pytest.approx(0.5)
+    assert c["by_source"]["s1"]["f1"]["diff"] == pytest.approx(1.0)
+    assert c["by_source"]["s2"]["em"]["diff"] == pytest.approx(0.0)
+    with pytest.raises(InputError, match="no question id in common"):
+        compare.compare_reports(_report(pq_new), _report({"x": pq_base["z"]}))
+    with pytest.raises(InputError, match="scored with F1"):
+        compare.compare_reports(_report(pq_new), _report(pq_base, "set"))
+    with pytest.raises(InputError, match="per-question"):
+        compare.compare_reports(_report(pq_new), {"overall": {}})
+
+
+def _answered(path, answers):
+    rows = [{"id": f"q{i}", "question": f"q{i}?", "golden_answers": [g], "data_source": "demo",
+             "answer": a} for i, (g, a) in enumerate(answers)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_cli_eval_compare_with_a_table_and_with_a_report(tmp_path):
+    golds = [f"answer {i}" for i in range(40)]
+    base = _answered(tmp_path / "base.jsonl", [(g, g if i < 8 else "no") for i, g in enumerate(golds)])
+    new = _answered(tmp_path / "new.jsonl", [(g, g if i < 24 else "no") for i, g in enumerate(golds)])
+    atom("eval", base, "--out", tmp_path / "base.json", check=True)
+    for baseline in (base, tmp_path / "base.json"):
+        proc = atom("eval", new, "--out", tmp_path / "new.json", "--compare", baseline,
+                    "--markdown", tmp_path / "new.md", check=True)
+        rep = json.loads((tmp_path / "new.json").read_text())
+        c = rep["compare"]["overall"]["em"]
+        assert c["diff"] == pytest.approx(0.4) and c["low"] > 0.2 and c["n"] == 40
+        assert b"paired bootstrap" in proc.stderr and "Against" in (tmp_path / "new.md").read_text()
+    bad = atom("eval", new, "--out", tmp_path / "x.json", "--compare", tmp_path / "missing.json")
+    assert bad.returncode == 2 and not (tmp_path / "x.json").exists()
