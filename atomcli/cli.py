@@ -304,8 +304,15 @@ def demo_world_cmd(
     train: Annotated[int, typer.Option("--train", help="Training questions.")] = 400,
     test: Annotated[int, typer.Option("--test", help="Test questions.")] = 100,
     sft: Annotated[int, typer.Option("--sft", help="Scripted-expert SFT trajectories.")] = 200,
+    real: Annotated[Optional[str], typer.Option("--real", help="Instead, write the shipped real-text benchmark "
+                                                "NAME (sqlite: SQLite's documentation); the other flags are ignored.")] = None,
 ):
     """Write the embedded fictional research world (corpus, questions, SFT set, index)."""
+    if real is not None:
+        from pathlib import Path
+        from atomcli import real_docs
+        real_docs.build(real, Path(out), context=_context())
+        return
     from atomcli import demo_world
     demo_world.main(out, seed=seed, articles=articles, train=train, test=test, sft=sft, context=_context())
 

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The learning study (bench/LEARNING.md): does GRPO make the SFT agent better, and does Atom-Searcher's
+# fused reward beat DeepResearcher's outcome-only reward?
+#
+#   1. one shared SFT run: the demo world, the demo's SFT, an eval of the SFT checkpoint on all 100 test
+#      questions (run-all with steps = 0);
+#   2. arm `fused`:   `atom run-all --demo --preset learn` (ATR from the heuristic RRM, alpha 0.5 -> 0)
+#   3. arm `outcome`: the same preset with [aggregate-reward] no_atr = true (DeepResearcher's reward)
+#   4. (optional, ARMS="fused outcome hf") arm `hf`: the fused reward with the hf:smollm2 judge
+#
+# Every arm starts from the same SFT checkpoint, questions, seeds and step count: its run folder is seeded
+# with the shared world/, sft/ and the SFT eval, and run-all --resume skips what exists (the same resume
+# path that continues a killed run, tested in tests/test_run_all.py). Greedy evals of one checkpoint with
+# one rollout configuration are deterministic, so the arms share the SFT eval instead of redoing it.
+# Each arm then compares every eval with the SFT eval (paired bootstrap over question ids).
+#
+#   bench/learning.sh                 # all arms in RUNS=runs/learning (~25 min SFT + ~50-60 min per arm)
+#   ARMS=fused bench/learning.sh      # one arm
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+RUNS=${RUNS:-runs/learning}
+ARMS=${ARMS:-"fused outcome"}
+export HF_HUB_OFFLINE=1
+mkdir -p "$RUNS"
+atom() { "$PY" -m atomcli "$@"; }
+
+SFT="$RUNS/sft"
+if [[ ! -f "$SFT/eval/sft.json" ]]; then
+  cat > "$RUNS/sft-only.toml" <<'EOF'
+[run-all]
+steps = 0
+eval_limit = 0
+eval_base = false
+EOF
+  atom run-all --demo --preset learn --config "$RUNS/sft-only.toml" --out "$SFT" ${RESUME:+--resume}
+fi
+
+arm_config() {  # arm -> the TOML layered on the learn preset
+  case "$1" in
+    fused)   echo "" ;;
+    outcome) printf '[aggregate-reward]\nno_atr = true\n' ;;
+    hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, hf)" >&2; exit 2 ;;
+  esac
+}
+
+for arm in $ARMS; do
+  dir="$RUNS/$arm"
+  mkdir -p "$dir/eval"
+  arm_config "$arm" > "$RUNS/$arm.toml"
+  # the shared start: world, SFT checkpoint, the SFT eval's questions and answered table
+  [[ -e "$dir/world" ]] || ln -s "$(realpath "$SFT/world")" "$dir/world"
+  [[ -e "$dir/sft" ]] || ln -s "$(realpath "$SFT/sft")" "$dir/sft"
+  for f in questions.parquet sft.parquet; do
+    [[ -e "$dir/eval/$f" ]] || cp "$SFT/eval/$f" "$dir/eval/$f"
+  done
+  echo "== arm $arm: $(date -u +%FT%TZ)" >&2
+  atom run-all --demo --preset learn --config "$RUNS/$arm.toml" --out "$dir" --resume 2>&1 | tee "$RUNS/$arm.log"
+done
+
+# the table of LEARNING.md: every arm's evals against the shared SFT eval
+for arm in $ARMS; do
+  for rep in "$RUNS/$arm"/eval/step-*.json; do
+    "$PY" - "$arm" "$rep" <<'EOF'
+import json, sys
+arm, path = sys.argv[1], sys.argv[2]
+r = json.load(open(path))
+c = r.get("compare", {}).get("overall", {})
+f = lambda k: "-" if not c.get(k) else f"{c[k]['diff']:+.3f} [{c[k]['low']:+.3f}, {c[k]['high']:+.3f}]"
+print(f"| {arm} | {r['name']} | {r['overall']['f1']:.3f} | {r['overall']['em']:.3f} | {f('f1')} | {f('em')} |")
+EOF
+  done
+done
