@@ -43,6 +43,10 @@ class RunAllConfig:
     eval_every: int = opt(0, "eval every K steps (0 = only before training, after SFT and at the end)")
     eval_limit: int = opt(32, "test questions per eval (0 = all)")
     eval_base: bool = opt(True, "evaluate the starting model before training")
+    transfer_test: str = opt("", "a second test set (other documents) evaluated after SFT and at the end; "
+                                 "with --demo: the real-text benchmark (SQLite docs)")
+    transfer_search: str = opt("", "search SPEC for transfer_test")
+    transfer_limit: int = opt(0, "transfer questions per eval (0 = all)")
     curriculum: str = opt("file", "which training questions each step takes: file (file order), shuffle "
                                   "(seeded order), hops (shuffled; fewest hops first, all hops by the last step)")
     curriculum_levels: int = opt(2, "with curriculum=hops: hop levels admitted at step 1 (then one more at a "
@@ -106,7 +110,7 @@ DEMO = {
     # Sized from measured rates on 2 CPU cores (SFT ~60-140 tok/s fwd+bwd, sampling ~25-100 tok/s
     # depending on batch) to finish in about 30 minutes; see bench/RESULTS.md for the measured run.
     # A 135M model needs ~190 tokens for one expert-style turn: a smaller cap cuts tool calls.
-    "run-all": {"steps": 1, "questions_per_step": 2, "eval_limit": 20, "judge": "heuristic"},
+    "run-all": {"steps": 1, "questions_per_step": 2, "eval_limit": 20, "judge": "heuristic", "transfer_limit": 20},
     "sft": {"max_steps": 14, "lr": 3e-4, "batch_size": 4, "max_length": 2048, "warmup_ratio": 0.1,
             "gradient_checkpointing": False},
     "rollout": {"group_size": 4, "max_turns": 4, "max_new_tokens": 192, "k": 3, "temperature": 1.0,
@@ -129,7 +133,7 @@ LEARN = {
 }
 PRESETS = {"demo": DEMO, "learn": LEARN}
 QUICK = {
-    "run-all": {"steps": 2, "questions_per_step": 2, "eval_limit": 4, "judge": "heuristic"},
+    "run-all": {"steps": 2, "questions_per_step": 2, "eval_limit": 4, "judge": "heuristic", "transfer_limit": 2},
     "sft": {"epochs": 1.0, "lr": 1e-3, "batch_size": 2, "max_length": 1024, "gradient_checkpointing": False},
     "rollout": {"group_size": 2, "max_turns": 2, "max_new_tokens": 16, "k": 2, "batch_size": 8,
                 "date": "2026-01-01"},
@@ -192,13 +196,18 @@ class Run:
         for name, val in (("train", self.cfg.train), ("test", self.cfg.test), ("search", self.cfg.search)):
             if not val:
                 raise InputError(f"run-all needs `{name}`", hint="set it in the [run-all] section of --config, or use --demo")
+        if bool(self.cfg.transfer_test) != bool(self.cfg.transfer_search):
+            raise InputError("transfer_test and transfer_search go together", hint="set both in [run-all], or neither")
         from atomcli import plugins
         plugins.check_search_spec(self.cfg.search)
+        if self.cfg.transfer_search:
+            plugins.check_search_spec(self.cfg.transfer_search)
         plugins.check_judge_spec(self.cfg.judge)
         if self.cfg.curriculum not in CURRICULA:
             from atomcli.errors import unknown_choice
             raise unknown_choice("curriculum", self.cfg.curriculum, CURRICULA)
         self.first_eval: tuple[str, dict] | None = None  # what every later eval is compared with
+        self.first_transfer: tuple[str, dict] | None = None
         self.t0 = time.time()
         self.step_times: list[float] = []  # durations of the steps this process ran, for the ETA
         self.step_start: float | None = None
@@ -246,31 +255,45 @@ class Run:
         checkpoint.save(result, str(out), stage=stage, config=cfg, context=self.ctx)
         self.ctx.forget_models()
 
-    def evaluate(self, name: str, model: str) -> dict:
-        """Greedy rollout of the test questions, then scores; cached as eval/<name>.json."""
+    def evaluate(self, name: str, model: str, *, transfer: bool = False) -> dict:
+        """Greedy rollout of the test questions, then scores; cached as eval/<name>.json.
+
+        transfer: the second test set (eval/transfer/), compared with the first transfer eval."""
         from atomcli import evaluate, tableio
-        report_path = self.out / "eval" / f"{name}.json"
+        folder = self.out / "eval" / ("transfer" if transfer else "")
+        report_path = folder / f"{name}.json"
+        first = self.first_transfer if transfer else self.first_eval
         if report_path.exists():
             report = json.loads(report_path.read_text())
-            self.first_eval = self.first_eval or (name, report)
+            self._remember_first(transfer, name, report)
             return report
-        questions = self.out / "eval" / "questions.parquet"
+        questions = folder / "questions.parquet"
         rcfg = dataclasses.replace(self.rollout, model=model, group_size=1, temperature=0.0,
-                                   max_turns=self.eval.max_turns, max_new_tokens=self.eval.max_new_tokens)
-        table_path = self.out / "eval" / f"{name}.parquet"
+                                   max_turns=self.eval.max_turns, max_new_tokens=self.eval.max_new_tokens,
+                                   search=self.cfg.transfer_search if transfer else self.rollout.search)
+        table_path = folder / f"{name}.parquet"
         self.rollout_stage(rcfg, questions, table_path)
         report = evaluate.score_table(self.read(table_path), self.eval.f1)
         report.update({"name": name, "model": model})
         vs = ""
-        if self.first_eval is not None and "per_question" in self.first_eval[1]:
+        if first is not None and "per_question" in first[1]:
             from atomcli import compare
-            report["compare"] = compare.compare_reports(report, self.first_eval[1], baseline_name=self.first_eval[0],
-                                                        seed=self.cfg.seed)
-            vs = f"  (vs {self.first_eval[0]}: ΔF1 {compare.describe(report['compare']['overall']['f1'])})"
+            report["compare"] = compare.compare_reports(report, first[1], baseline_name=first[0], seed=self.cfg.seed)
+            vs = f"  (vs {first[0]}: ΔF1 {compare.describe(report['compare']['overall']['f1'])})"
         tableio.write_bytes_atomic(report_path, json.dumps(report, indent=2).encode())
-        self.first_eval = self.first_eval or (name, report)
-        self.log(f"eval {name}: F1 {report['overall']['f1']:.3f}  EM {report['overall']['em']:.3f}{vs}")
+        self._remember_first(transfer, name, report)
+        self.log(f"eval {'transfer ' if transfer else ''}{name}: F1 {report['overall']['f1']:.3f}  "
+                 f"EM {report['overall']['em']:.3f}{vs}")
         return report
+
+    def _remember_first(self, transfer: bool, name: str, report: dict) -> None:
+        if transfer:
+            self.first_transfer = self.first_transfer or (name, report)
+        else:
+            self.first_eval = self.first_eval or (name, report)
+
+    def evaluate_transfer(self, name: str, model: str) -> dict | None:
+        return self.evaluate(name, model, transfer=True) if self.cfg.transfer_test else None
 
 
 def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context, preset: str = "demo") -> dict:
@@ -295,6 +318,13 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
         ra.setdefault("test", str(world / "test.jsonl"))
         ra.setdefault("sft_data", str(world / "sft.parquet"))
         ra.setdefault("search", f"local:{world / 'index.sqlite'}")
+        if "transfer_test" not in ra:  # transfer to real documents, measured every run
+            from atomcli import real_docs
+            real = out / "real"
+            if not (real / "index.sqlite").exists():
+                real_docs.build("sqlite", real, context=context)
+            ra["transfer_test"] = str(real / "test.jsonl")
+            ra["transfer_search"] = f"local:{real / 'index.sqlite'}"
         if quick and "model" not in ra:
             tiny = out / "tiny-model"
             if not (tiny / "config.json").exists():
@@ -326,16 +356,24 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
         test = test.slice(0, cfg.eval_limit)
     if not (run_dir / "eval" / "questions.parquet").exists():
         tableio.write_table(test, str(run_dir / "eval" / "questions.parquet"))
+    if cfg.transfer_test and not (run_dir / "eval" / "transfer" / "questions.parquet").exists():
+        transfer = run.read(Path(cfg.transfer_test), "rollout")
+        if cfg.transfer_limit:
+            transfer = transfer.slice(0, cfg.transfer_limit)
+        tableio.write_table(transfer, str(run_dir / "eval" / "transfer" / "questions.parquet"))
 
     plan = plan_questions(question_hops(train), cfg.steps, cfg.questions_per_step, cfg.curriculum, cfg.seed,
                           cfg.curriculum_levels)
     model = cfg.model
     if cfg.eval_base:
         run.evaluate("base", model)
+        if not cfg.sft_data:
+            run.evaluate_transfer("base", model)
     if cfg.sft_data:
         run.train_stage("sft", sft, run.sft, Path(cfg.sft_data), run_dir / "sft")
         model = str(run_dir / "sft")
         run.evaluate("sft", model)
+        run.evaluate_transfer("sft", model)
     start = model
 
     for t in range(cfg.steps):
@@ -360,6 +398,7 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
             run.evaluate(f"step-{t + 1:04d}", model)
     if cfg.steps:
         run.evaluate(f"step-{cfg.steps:04d}", model)
+        run.evaluate_transfer(f"step-{cfg.steps:04d}", model)
 
     from atomcli import run_report
     run_report.write(run_dir, context)

@@ -12,9 +12,9 @@ from pathlib import Path
 from atomcli import step_metrics as sm
 
 
-def _evals(run_dir: Path) -> list[dict]:
+def _evals(run_dir: Path, sub: str = "") -> list[dict]:
     reports = []
-    for p in (run_dir / "eval").glob("*.json"):
+    for p in (run_dir / "eval" / sub).glob("*.json"):
         r = json.loads(p.read_text())
         r.setdefault("name", p.stem)
         reports.append(r)
@@ -28,27 +28,13 @@ def write(run_dir: Path, context=None) -> Path:
     if (run_dir / "metrics.jsonl").exists():
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     evals = _evals(run_dir)
+    transfer = _evals(run_dir, "transfer")
     plots = _plots(run_dir, metrics, evals)
     lines = ["# atomcli run summary", "", f"Run folder: `{run_dir}`", ""]
-    if evals:
-        from atomcli.compare import describe
-        first = evals[0]["name"]
-        lines += ["## Evaluation (test split)", "",
-                  f"| checkpoint | F1 | EM | cover-EM | ΔF1 vs {first} [95% CI] | ΔEM vs {first} [95% CI] "
-                  "| format errors | searches/q | n |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in evals:
-            o = r.get("overall", {})
-            c = (r.get("compare") or {}).get("overall", {})
-            lines.append(f"| {r['name']} | {o.get('f1', 0):.3f} | {o.get('em', 0):.3f} | {o.get('cover_em', 0):.3f} | "
-                         f"{describe(c.get('f1'))} | {describe(c.get('em'))} | "
-                         f"{o.get('format_error_rate') or 0:.3f} | "
-                         f"{o.get('searches_per_question', 0) or 0:.2f} | {o.get('n', r.get('n', ''))} |")
-        lines += ["", "Δ: paired difference over the same question ids with a 95% percentile bootstrap interval "
-                      "(`atomcli/compare.py`); an interval above 0 is a gain that resampling the questions "
-                      "does not explain away.", ""]
-        by_source = _by_source_table(evals)
-        if by_source:
-            lines += by_source
+    for title, reports in (("Evaluation (test split)", evals),
+                           ("Transfer: real documents (test split of the real-text benchmark)", transfer)):
+        if reports:
+            lines += _eval_section(title, reports)
     if metrics:
         keys = [k for k in sm.TABLE if any(m.get(k) is not None for m in metrics)]
         lines += ["## Training steps", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
@@ -61,6 +47,28 @@ def write(run_dir: Path, context=None) -> Path:
     from atomcli.tableio import write_bytes_atomic
     write_bytes_atomic(out, "\n".join(lines).encode())
     return out
+
+
+def _eval_section(title: str, reports: list[dict]) -> list[str]:
+    from atomcli.compare import describe
+    first = reports[0]["name"]
+    lines = [f"## {title}", "",
+              f"| checkpoint | F1 | EM | cover-EM | ΔF1 vs {first} [95% CI] | ΔEM vs {first} [95% CI] "
+              "| format errors | searches/q | n |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        o = r.get("overall", {})
+        c = (r.get("compare") or {}).get("overall", {})
+        lines.append(f"| {r['name']} | {o.get('f1', 0):.3f} | {o.get('em', 0):.3f} | {o.get('cover_em', 0):.3f} | "
+                     f"{describe(c.get('f1'))} | {describe(c.get('em'))} | "
+                     f"{o.get('format_error_rate') or 0:.3f} | "
+                     f"{o.get('searches_per_question', 0) or 0:.2f} | {o.get('n', r.get('n', ''))} |")
+    lines += ["", "Δ: paired difference over the same question ids with a 95% percentile bootstrap interval "
+                  "(`atomcli/compare.py`); an interval above 0 is a gain that resampling the questions "
+                  "does not explain away.", ""]
+    by_source = _by_source_table(reports)
+    if by_source:
+        lines += by_source
+    return lines
 
 
 def _by_source_table(evals: list[dict]) -> list[str]:

@@ -52,7 +52,9 @@ for arm in $ARMS; do
   # the shared start: world, SFT checkpoint, the SFT eval's questions and answered table
   [[ -e "$dir/world" ]] || ln -s "$(realpath "$SFT/world")" "$dir/world"
   [[ -e "$dir/sft" ]] || ln -s "$(realpath "$SFT/sft")" "$dir/sft"
-  for f in questions.parquet sft.parquet; do
+  [[ -e "$dir/real" ]] || ln -s "$(realpath "$SFT/real")" "$dir/real"
+  mkdir -p "$dir/eval/transfer"
+  for f in questions.parquet sft.parquet transfer/questions.parquet transfer/sft.parquet; do
     [[ -e "$dir/eval/$f" ]] || cp "$SFT/eval/$f" "$dir/eval/$f"
   done
   echo "== arm $arm: $(date -u +%FT%TZ)" >&2

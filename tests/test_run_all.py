@@ -57,7 +57,21 @@ def test_quick_demo_writes_every_artifact(quick_run):
     metrics = [json.loads(x) for x in (quick_run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
     assert metrics[0]["alpha"] == pytest.approx(0.5) and metrics[1]["alpha"] == pytest.approx(0.25)
+    # every diagnostic is written under the one name the report reads (atomcli/step_metrics.py)
+    from atomcli import step_metrics as sm
+    for key in (sm.REWARD_STD, sm.ZERO_VAR_GROUPS, sm.ENTROPY, sm.CLIP_LOW, sm.CLIP_HIGH, sm.GRAD_NORM,
+                sm.RESPONSE_TOKENS, sm.SEARCHES, sm.BROWSES, sm.FORMAT_ERROR, sm.JUDGE_FALLBACKS, sm.SKIPPED):
+        assert all(key in m for m in metrics), key
+    assert all(m[sm.RESPONSE_TOKENS] > 0 and 0 <= m[sm.ZERO_VAR_GROUPS] <= 1 for m in metrics)
+    assert {k for k, _ in sm.CURVES} >= set(sm.TABLE) - {sm.STEP, sm.LOSS}
     summary = (quick_run / "summary.md").read_text()
+    # transfer to real documents is measured every run: after SFT and at the end, compared by question id
+    assert "Transfer: real documents" in summary
+    final = json.loads((quick_run / "eval" / "transfer" / "step-0002.json").read_text())
+    assert final["n"] == 2 and final["compare"]["baseline"] == "sft" and final["compare"]["n_shared"] == 2
+    assert set(final["by_source"]) <= {"sqlite_1hop", "sqlite_2hop"}
+    demo_final = json.loads((quick_run / "eval" / "step-0002.json").read_text())
+    assert demo_final["compare"]["baseline"] == "base" and "per_question" in demo_final
     for name in ("base", "sft", "step-0002"):
         assert f"| {name} |" in summary
     assert (quick_run / "plots" / "training.png").stat().st_size > 1000
