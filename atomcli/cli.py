@@ -15,9 +15,8 @@ import functools
 import importlib
 import inspect
 import os
-import sys
 import typing
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
@@ -111,7 +110,7 @@ def _flag_params(cfg_cls, skip=()) -> list[inspect.Parameter]:
 def stage_command(name: str, module: str, config: str, args: list[tuple[str, str]], handler: Callable,
                   extra: list[inspect.Parameter] = (), skip: tuple = (), help: str = ""):
     """Register `atom NAME`: positional `args`, common options, then one flag per config field."""
-    mod = importlib.import_module(f"atomcli.{module}")
+    mod = importlib.import_module(f"atomcli.stages.{module}")
     cfg_cls = getattr(mod, config)
 
     def impl(**kw):
@@ -180,7 +179,7 @@ def _rollout_handler(cfg, mod, *, questions: str, out: str, fmt: str | None, res
     from atomcli import plugins
     plugins.check_search_spec(cfg.search)
     table = _read(questions, "rollout")
-    from atomcli import rollout_io
+    from atomcli.stages import rollout_io
     rollout_io.run_to_file(mod, table, cfg, _context(), out=out, fmt=fmt, resume=resume)
 
 
@@ -201,7 +200,7 @@ def _checkpoint_stage(stage: str):
 
 def _eval_handler(cfg, mod, *, input: str, out: str, markdown: str | None, history: str | None,
                   compare: str | None):
-    from atomcli import evaluate_io
+    from atomcli.stages import evaluate_io
     evaluate_io.run_to_files(mod, input, cfg, _context(), out=out, markdown=markdown, history=history,
                              compare=compare)
 
@@ -241,7 +240,7 @@ def run_all_cmd(
     preset: Annotated[str, typer.Option("--preset", help="With --demo: `demo` (the ~25-minute tour) or `learn` (the learning study: 10 GRPO steps, evals on all 100 test questions; <= 90 min on 2 cores).")] = "demo",
 ):
     """SFT, then N x \\[rollout -> score-rrm -> aggregate-reward -> grpo-step], with evals; one process."""
-    from atomcli import run_all
+    from atomcli.stages import run_all
     run_all.main(out=out, config_file=config_file, demo=demo, quick=quick, resume=resume, context=_context(),
                  preset=preset)
 
@@ -257,7 +256,7 @@ def index_cmd(
                                                "~1.7x index size; same ranking.")] = True,
 ):
     """Build the local full-text (BM25) search index."""
-    from atomcli import search_local
+    from atomcli.env import search_local
     search_local.build_index(corpus, out, engine=engine, impacts=impacts, context=_context())
 
 
@@ -273,7 +272,7 @@ def search_cmd(
     fmt: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
 ):
     """Show what the agent's web_search would see, through the rollout's own code path."""
-    from atomcli import tools_cli
+    from atomcli.stages import tools_cli
     tools_cli.search(query, index=index, search=search, k=k, cache=cache, replay=replay, fmt=fmt, context=_context())
 
 
@@ -290,7 +289,7 @@ def browse_cmd(
     fmt: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
 ):
     """Show what browse_webpage would return for a URL (fetch, guard, extract, read)."""
-    from atomcli import tools_cli
+    from atomcli.stages import tools_cli
     tools_cli.browse(url, query=query, search=search, cache=cache, replay=replay, allow_hosts=allow_hosts,
                      reader=reader, fmt=fmt, context=_context())
 
@@ -310,10 +309,11 @@ def demo_world_cmd(
     """Write the embedded fictional research world (corpus, questions, SFT set, index)."""
     if real is not None:
         from pathlib import Path
-        from atomcli import real_docs
+
+        from atomcli.demo import real_docs
         real_docs.build(real, Path(out), context=_context())
         return
-    from atomcli import demo_world
+    from atomcli.demo import world as demo_world
     demo_world.main(out, seed=seed, articles=articles, train=train, test=test, sft=sft, context=_context())
 
 
@@ -325,7 +325,7 @@ def show_cmd(
     html: Annotated[Optional[str], typer.Option("--html", help="Write one self-contained HTML page.")] = None,
 ):
     """Render trajectories for a person: turns, tool calls, scored atomic thoughts, rewards."""
-    from atomcli import show
+    from atomcli.stages import show
     show.main(table, row=row, html=html, context=_context())
 
 

@@ -8,10 +8,11 @@ Unknown keys in a file fail with the list of valid ones.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 import typing
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from atomcli.errors import InputError
 

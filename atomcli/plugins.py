@@ -4,7 +4,7 @@ A SPEC string is `name` or `name:argument` (`local:INDEX`, `replay:CACHE`, `ddg`
 `heuristic`, `hf:MODEL`, `openai:BASE_URL#MODEL`). A backend factory is called as
 `factory(argument, context, **options)` and returns an object following the protocol below.
 Third-party packages register through the entry-point groups `atomcli.search` and
-`atomcli.judges` (value: a factory). Unknown names fail before any data or model loads,
+`atomcli.rewards.judges` (value: a factory). Unknown names fail before any data or model loads,
 listing the valid names.
 """
 
@@ -29,7 +29,7 @@ class Judge(Protocol):
     """One reply per prompt, in order: the text, or a `judges.JudgeError` returned in its place."""
     name: str
 
-    def complete(self, prompts: list[str]) -> list:  # list[str | JudgeError]; see atomcli.judges
+    def complete(self, prompts: list[str]) -> list:  # list[str | JudgeError]; see atomcli.rewards.judges
         ...
 
 
@@ -37,8 +37,8 @@ SEARCH: dict[str, Callable[..., Any]] = {}
 JUDGES: dict[str, Callable[..., Any]] = {}
 
 # module paths of built-ins; imported lazily so that `--help` stays cheap
-_BUILTIN_SEARCH = {"local": "atomcli.search_local", "ddg": "atomcli.search_web", "replay": "atomcli.search_web"}
-_BUILTIN_JUDGES = {"heuristic": "atomcli.judges", "hf": "atomcli.judges", "openai": "atomcli.judges"}
+_BUILTIN_SEARCH = {"local": "atomcli.env.search_local", "ddg": "atomcli.env.search_web", "replay": "atomcli.env.search_web"}
+_BUILTIN_JUDGES = {"heuristic": "atomcli.rewards.judges", "hf": "atomcli.rewards.judges", "openai": "atomcli.rewards.judges"}
 
 
 def register_search(name: str):
@@ -85,7 +85,7 @@ def check_search_spec(spec: str) -> None:
 
 def check_judge_spec(spec: str) -> None:
     name, _ = split_spec(spec)
-    valid = set(JUDGES) | set(_BUILTIN_JUDGES) | {ep.name for ep in entry_points(group="atomcli.judges")}
+    valid = set(JUDGES) | set(_BUILTIN_JUDGES) | {ep.name for ep in entry_points(group="atomcli.rewards.judges")}
     if name not in valid:
         raise unknown_choice("judge", name, valid)
 
@@ -97,4 +97,4 @@ def make_search(spec: str, context, **options):
 
 def make_judge(spec: str, context, **options):
     name, arg = split_spec(spec)
-    return _lookup("judge", name, JUDGES, _BUILTIN_JUDGES, "atomcli.judges")(arg, context, **options)
+    return _lookup("judge", name, JUDGES, _BUILTIN_JUDGES, "atomcli.rewards.judges")(arg, context, **options)

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_search  # noqa: E402
 
-from atomcli import search_local  # noqa: E402
-from atomcli.agent_format import ToolCall  # noqa: E402
+from atomcli.agent.format import ToolCall  # noqa: E402
 from atomcli.context import Context  # noqa: E402
-from atomcli.tools import ToolBox  # noqa: E402
+from atomcli.env import search_local  # noqa: E402
+from atomcli.env.tools import ToolBox  # noqa: E402
 
 
 class Delayed:

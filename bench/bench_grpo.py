@@ -66,7 +66,8 @@ def make_batch(model_path: str, args, out: Path) -> None:
     import pyarrow as pa
     import torch
 
-    from atomcli import agent_format, models, schema, tableio
+    from atomcli import models, schema, tableio
+    from atomcli.agent import format as agent_format
     model, tok = models.load(model_path)
     rng = random.Random(0)
     sys_ids = tok(agent_format.system_prompt(date="2025-01-01"), add_special_tokens=False)["input_ids"]
@@ -93,7 +94,7 @@ def make_batch(model_path: str, args, out: Path) -> None:
         grp = adv[g:g + args.group]
         m, s = statistics.mean(grp), statistics.pstdev(grp) + 1e-6
         rows["advantage"][g:g + args.group] = [(a - m) / s for a in grp]
-    from atomcli.token_logprobs import sequence_logprobs
+    from atomcli.train.logprobs import sequence_logprobs
     with torch.no_grad():  # old_logprobs = the policy's own, as right after sampling
         for prompt, comp, mask, old in zip(*(rows[k] for k in ("prompt_ids", "completion_ids", "loss_mask",
                                                                 "old_logprobs"))):
@@ -114,22 +115,25 @@ def make_batch(model_path: str, args, out: Path) -> None:
 def side_ours(args) -> dict:
     import torch
 
-    from atomcli import grpo_step, models, tableio
+    from atomcli import models, tableio
+    from atomcli.stages import grpo_step
+    from atomcli.train import grpo
     table = tableio.read_table(args.data)
     cfg = grpo_step.GRPOConfig(model=args.model_path, lr=args.lr, beta=args.beta, micro_batch=args.micro_batch,
                                gradient_checkpointing=args.gradient_checkpointing, max_grad_norm=1.0)
     model, tok = models.load(args.model_path)
     ref = models.load(args.model_path)[0] if cfg.beta > 0 else None
-    world = grpo_step.World()
-    mbs = grpo_step.micro_batches(grpo_step.read_batch(table), cfg, world, torch.device("cpu"), tok.pad_token_id)
+    world = grpo.World()
+    loss = grpo_step.loss_settings(cfg)
+    mbs = grpo.micro_batches(grpo_step.read_batch(table), loss, world, torch.device("cpu"), tok.pad_token_id)
     grpo_step.prepare_for_training(model, cfg)
-    optimizer = grpo_step.make_optimizer(model, cfg)
+    optimizer = grpo.make_optimizer(model, cfg.lr, cfg.weight_decay)
     times, loss, base = [], None, None
     for step in range(1 + args.steps):
         t0 = time.perf_counter()
         if ref is not None:
-            grpo_step.fill_ref_logprobs(ref, mbs, cfg)
-        m = grpo_step.grpo_update(model, optimizer, mbs, cfg, world)
+            grpo.fill_ref_logprobs(ref, mbs, loss)
+        m = grpo.grpo_update(model, optimizer, mbs, loss, world)
         dt = time.perf_counter() - t0
         if step == 0:
             loss = m["loss"]

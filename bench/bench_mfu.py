@@ -61,8 +61,10 @@ def main() -> None:
     import pyarrow as pa
     import torch
 
-    from atomcli import models, rollout, search_local
+    from atomcli import models
     from atomcli.context import Context
+    from atomcli.env import search_local
+    from atomcli.stages import rollout
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="bench-mfu-"))
     model_path = str(models.make_tiny_model(tmp / "tiny", hidden=128, layers=4)) if args.model == "tiny" \

@@ -31,9 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pyarrow as pa  # noqa: E402
 
-from atomcli import agent_format, rollout, search_local  # noqa: E402
+from atomcli.agent import episode  # noqa: E402
+from atomcli.agent import format as agent_format
 from atomcli.context import Context  # noqa: E402
-from atomcli.tools import ToolBox  # noqa: E402
+from atomcli.env import search_local
+from atomcli.env.tools import ToolBox  # noqa: E402
+from atomcli.stages import rollout
 
 CORPUS = [
     {"id": f"d{i}", "title": title, "contents": text} for i, (title, text) in enumerate([
@@ -76,7 +79,7 @@ def naive(table: pa.Table, cfg: rollout.RolloutConfig, ctx: Context) -> tuple[in
                 turn = agent_format.parse_turn(content)
                 if turn.answer is not None:
                     break
-                call = turn.tool_call or agent_format.ToolCall("", {}, rollout.NO_ACTION)
+                call = turn.tool_call or agent_format.ToolCall("", {}, episode.NO_ACTION)
                 obs = tools.run(call, f"{q_i}/{s}").observation
                 messages.append({"role": "tool", "content": agent_format.tool_message(obs)})
     tools.close()

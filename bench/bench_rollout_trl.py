@@ -38,7 +38,7 @@ def trl_side(model_path: str, questions: list[str], args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from atomcli import agent_format
+    from atomcli.agent import format as agent_format
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(model_path)
     tok.padding_side = "left"
@@ -74,8 +74,10 @@ def main() -> None:
     import pyarrow as pa
     import torch
 
-    from atomcli import models, rollout, search_local
+    from atomcli import models
     from atomcli.context import Context
+    from atomcli.env import search_local
+    from atomcli.stages import rollout
     if args.threads:
         torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-trl-"))

@@ -40,8 +40,9 @@ import bench_rollout  # noqa: E402
 def rollout_timer(model_path: str, tmp: Path):
     import pyarrow as pa
 
-    from atomcli import rollout, search_local
     from atomcli.context import Context
+    from atomcli.env import search_local
+    from atomcli.stages import rollout
     (tmp / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bench_rollout.CORPUS))
     search_local.build_index(str(tmp / "corpus.jsonl"), str(tmp / "idx.sqlite"))
     table = pa.table({"id": ["b0"], "question": [bench_rollout.QUESTIONS[0]], "golden_answers": [["x"]]})

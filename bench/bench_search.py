@@ -32,7 +32,7 @@ from pathlib import Path
 
 import orjson
 
-from atomcli import search_local
+from atomcli.env import search_local
 
 
 class TextGen:

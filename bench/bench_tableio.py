@@ -46,7 +46,7 @@ def _words(rng: random.Random, n: int) -> str:
 
 
 def _messages(rng: random.Random, question: str) -> list[dict]:
-    from atomcli import agent_format
+    from atomcli.agent import format as agent_format
     msgs = [{"role": "system", "content": agent_format.system_prompt("2026-01-01")},
             {"role": "user", "content": agent_format.user_message(question)}]
     for turn in range(6):
@@ -110,8 +110,9 @@ def rss_mb() -> float:
 
 def measure(n: int, repeats: int, run_stages: bool, grpo_rows: int = 0) -> dict:
     """One size, in this process: {stage: {read, write, run}} medians in seconds, + sizes."""
-    from atomcli import aggregate_reward, score_rrm, tableio
+    from atomcli import tableio
     from atomcli.context import Context
+    from atomcli.stages import aggregate_reward, score_rrm
     ctx = Context(quiet=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-tableio-"))
     t0 = time.perf_counter()
@@ -151,7 +152,8 @@ def measure(n: int, repeats: int, run_stages: bool, grpo_rows: int = 0) -> dict:
 def measure_grpo(rewarded: Path, rows: int, ctx) -> dict:
     """A stage that runs a model: read `rows` rewarded trajectories, then one grpo-step on them
     with a tiny random model (hidden 128, 4 layers: far cheaper per token than any real policy)."""
-    from atomcli import grpo_step, models, schema, tableio
+    from atomcli import models, schema, tableio
+    from atomcli.stages import grpo_step
     tmp = rewarded.parent
     model = models.make_tiny_model(tmp / "tiny", hidden=128, layers=4)
     from transformers import AutoTokenizer

@@ -26,15 +26,10 @@ mkdir -p "$RUNS"
 atom() { "$PY" -m atomcli "$@"; }
 
 SFT="$RUNS/sft"
-if [[ ! -f "$SFT/eval/sft.json" ]]; then
-  cat > "$RUNS/sft-only.toml" <<'EOF'
-[run-all]
-steps = 0
-eval_limit = 0
-eval_base = false
-EOF
-  atom run-all --demo --preset learn --config "$RUNS/sft-only.toml" --out "$SFT" ${RESUME:+--resume}
-fi
+printf '[run-all]\nsteps = 0\neval_limit = 0\neval_base = false\n' > "$RUNS/sft-only.toml"
+# resumable: what exists (world, checkpoint, evals) is kept
+atom run-all --demo --preset learn --config "$RUNS/sft-only.toml" --out "$SFT" $([[ -d "$SFT" ]] && echo --resume) \
+  2>&1 | tee -a "$RUNS/sft.log"
 
 arm_config() {  # arm -> the TOML layered on the learn preset
   case "$1" in

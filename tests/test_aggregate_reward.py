@@ -11,9 +11,9 @@ import pytest
 from conftest import atom
 
 from atomcli import schema
-from atomcli.aggregate_reward import AggregateConfig, advantages, alpha, run
 from atomcli.context import Context
 from atomcli.errors import InputError
+from atomcli.stages.aggregate_reward import AggregateConfig, advantages, alpha, run
 
 CTX = Context(quiet=True)
 

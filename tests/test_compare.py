@@ -9,8 +9,8 @@ import random
 import pytest
 from conftest import atom
 
-from atomcli import compare
 from atomcli.errors import InputError
+from atomcli.stages import compare
 
 
 def test_paired_difference_and_interval_cover_hand_computed_values():

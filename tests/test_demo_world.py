@@ -11,12 +11,15 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
-
-from atomcli import agent_format, demo_world, metrics, schema
-from atomcli.agent_format import parse_tool_call
-from atomcli.context import Context
-from atomcli.tools import ToolBox
 from conftest import atom
+
+from atomcli import schema
+from atomcli.agent import format as agent_format
+from atomcli.agent.format import parse_tool_call
+from atomcli.context import Context
+from atomcli.demo import world as demo_world
+from atomcli.env.tools import ToolBox
+from atomcli.rewards import metrics
 
 SEED = 7
 

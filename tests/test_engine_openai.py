@@ -12,13 +12,14 @@ import math
 
 import pytest
 from fake_openai import FakeOpenAI
-
-from atomcli import plugins, rollout, schema
-from atomcli.context import Context
-from atomcli.engine_hf import GenRequest
-from atomcli.engine_openai import EngineError, OpenAIEngine, parse_spec
-from atomcli.errors import InputError
 from test_rollout import questions, runs
+
+from atomcli import plugins, schema
+from atomcli.context import Context
+from atomcli.engines.base import GenRequest
+from atomcli.engines.openai import EngineError, OpenAIEngine, parse_spec
+from atomcli.errors import InputError
+from atomcli.stages import rollout
 
 TURNS = [
     '<think><PLAN>look</PLAN></think>\n<tool_call>{"name": "web_search", '
@@ -208,7 +209,8 @@ def test_bad_specs_are_usage_errors():
 
 
 def test_provenance_is_recorded_in_the_written_table(tiny_model, tok, tmp_path):
-    from atomcli import models, rollout_io, tableio
+    from atomcli import models, tableio
+    from atomcli.stages import rollout_io
     ctx = Context(quiet=True)
     with FakeOpenAI(vllm_like(tok)) as server:
         c = cfg(server, tiny_model, group_size=1)

@@ -11,9 +11,10 @@ import pyarrow as pa
 import pytest
 from conftest import atom
 
-from atomcli import evaluate, evaluate_io, plugins, rollout, schema
+from atomcli import plugins, schema
 from atomcli.context import Context
 from atomcli.errors import InputError
+from atomcli.stages import evaluate, evaluate_io, rollout
 
 
 def _row(qid, source, golden, answer, *, fmt=True, turns=2, search=1, browse=0, n_comp=10, n_gen=4, sample=0):
@@ -210,7 +211,7 @@ def test_judge_verdicts_and_failures_are_counted_not_scored(monkeypatch):
 
 
 def test_judge_errors_returned_per_prompt_are_counted(monkeypatch):
-    from atomcli.judges import JudgeError
+    from atomcli.rewards.judges import JudgeError
 
     class Returns:
         name = "ret"
@@ -301,7 +302,7 @@ def test_cli_unknown_judge_fails_before_reading(tmp_path):
 
 def test_eval_questions_with_a_real_rollout(tmp_path, request):
     """The questions + --model path end to end (in-process): tiny random policy, local index."""
-    from atomcli import search_local
+    from atomcli.env import search_local
     from atomcli.errors import NotBuiltError
     try:
         rollout.run(None, rollout.RolloutConfig(), Context(quiet=True))

@@ -9,10 +9,10 @@ import time
 
 import pyarrow as pa
 import pytest
+from conftest import ROOT, atom
 
 from atomcli import config, schema, tableio
 from atomcli.errors import InputError
-from conftest import ROOT, atom
 
 COMMANDS = ["sft", "rollout", "score-rrm", "aggregate-reward", "grpo-step", "eval", "run-all", "index", "search"]
 
@@ -159,7 +159,7 @@ def test_atomic_dir_keeps_previous_on_error(tmp_path):
 
 
 def test_config_precedence_default_file_flags(tmp_path):
-    from atomcli.rollout import RolloutConfig
+    from atomcli.stages.rollout import RolloutConfig
     f = tmp_path / "c.toml"
     f.write_text('[rollout]\ngroup_size = 8\nmax_turns = 3\n')
     sec = config.section(config.load_file(str(f)), "rollout")

@@ -14,11 +14,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import torch
+from conftest import ROOT, atom
 
-from atomcli import checkpoint, grpo_step, models, schema, tableio
+from atomcli import checkpoint, models, schema, tableio
 from atomcli.context import Context
 from atomcli.errors import InputError
-from conftest import ROOT, atom
+from atomcli.stages import grpo_step
+from atomcli.train import grpo
 
 THINK = ["<think><PLAN>search for {q}</PLAN></think><tool_call>{{\"name\": \"web_search\", "
          "\"arguments\": {{\"query\": [\"{q}\"]}}}}</tool_call>",
@@ -261,19 +263,19 @@ class FakeWorld:
 
 
 def _gradient(tiny_model, table, world, **kw):
-    c = cfg(tiny_model, max_grad_norm=0.0, **kw)
+    c = grpo_step.loss_settings(cfg(tiny_model, max_grad_norm=0.0, **kw))
     model = load(tiny_model)
     batch = grpo_step.read_batch(table)
     opt = CaptureGrads(model)
-    m = grpo_step.grpo_update(model, opt, grpo_step.micro_batches(batch, c, world, torch.device("cpu")), c, world)
+    m = grpo.grpo_update(model, opt, grpo.micro_batches(batch, c, world, torch.device("cpu")), c, world)
     return opt.grads, m
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
 def test_micro_batches_and_ranks_give_the_full_batch_gradient(tiny_model, tok, agg):
     table = make_table(tok, n=5)
-    full, m_full = _gradient(tiny_model, table, grpo_step.World(), micro_batch=100, loss_agg=agg)
-    one, m_one = _gradient(tiny_model, table, grpo_step.World(), micro_batch=1, loss_agg=agg)
+    full, m_full = _gradient(tiny_model, table, grpo.World(), micro_batch=100, loss_agg=agg)
+    one, m_one = _gradient(tiny_model, table, grpo.World(), micro_batch=1, loss_agg=agg)
     r0, m0 = _gradient(tiny_model, table, FakeWorld(0, 2), micro_batch=2, loss_agg=agg)
     r1, m1 = _gradient(tiny_model, table, FakeWorld(1, 2), micro_batch=2, loss_agg=agg)
     scale = max(g.abs().max().item() for g in full)

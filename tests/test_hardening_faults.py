@@ -26,16 +26,18 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
-
-from atomcli import agent_format, rollout_io, schema
-from atomcli.cli import app
-from atomcli.context import Context
-from atomcli.retry import RetryPolicy
-from atomcli.tools import ToolBox
 from conftest import ROOT
 from fake_openai import FakeOpenAI
 from test_hardening_input import pipe  # noqa: F401  (module fixture: real tiny-model tables)
+from typer.testing import CliRunner
+
+from atomcli import schema
+from atomcli.agent import format as agent_format
+from atomcli.cli import app
+from atomcli.context import Context
+from atomcli.env.tools import ToolBox
+from atomcli.retry import RetryPolicy
+from atomcli.stages import rollout_io
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 TOKEN_COLUMNS = ["traj_id", "answer", "finish_reason", "prompt_ids", "completion_ids", "loss_mask"]
@@ -358,14 +360,14 @@ def test_search_server_faults_become_error_observations(raw_server, monkeypatch,
     assert time.time() - t0 < 30
     assert not res.ok and res.error and res.observation.startswith('Results for "zorbl river":\nError: ')
     assert raw_server.connections >= 1  # the fault really came from the server
-    from atomcli.cache import Cache
+    from atomcli.env.cache import Cache
     cache = Cache(str(tmp_path / "cache.sqlite"))
     assert cache.get("search", "zorbl river", ok_only=True) is None  # a failure is never served as a result
 
 
 @pytest.mark.parametrize("raw_server", ["reset", "garbage", "short body", "hang"], indirect=True)
 def test_page_server_faults_become_error_observations(raw_server):
-    from atomcli.fetch import FetchLimits
+    from atomcli.env.fetch import FetchLimits
     tb = ToolBox("", Context(quiet=True), allow_hosts="127.0.0.1", retry=RetryPolicy(attempts=2, base=0.01),
                  limits=FetchLimits(connect_timeout=1, read_timeout=1, total_timeout=2))
     t0 = time.time()

@@ -16,13 +16,22 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import atom
 from typer.testing import CliRunner
 
-from atomcli import aggregate_reward, grpo_step, models, rollout, rollout_io, schema, score_rrm, search_local, sft, tableio
+from atomcli import models, schema, tableio
 from atomcli.cli import app
 from atomcli.context import Context
+from atomcli.env import search_local
 from atomcli.errors import InputError
-from conftest import atom
+from atomcli.stages import (
+    aggregate_reward,
+    grpo_step,
+    rollout,
+    rollout_io,
+    score_rrm,
+    sft,
+)
 
 CORPUS = [{"id": "d1", "title": "Alice Smith", "contents": "Alice Smith was born in Paris in 1901."},
           {"id": "d2", "title": "Bob Jones", "contents": "Bob Jones lives in Rome and writes novels."}]

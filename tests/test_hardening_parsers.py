@@ -18,9 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atomcli import agent_format, evaluate, metrics, reader, score_rrm
+from atomcli.agent import format as agent_format
+from atomcli.env import reader
+from atomcli.rewards import metrics
 
 # --- the linear parsers are the regexes they replaced ----------------------------------------------
+from atomcli.stages import evaluate, score_rrm
 
 ORACLE = {
     "think": re.compile(r"<think>(.*?)</think>", re.S),
@@ -76,7 +79,9 @@ def test_judge_reply_parsers_take_linear_time(reply):
 
 
 def test_reader_reply_parser_is_bounded_on_the_largest_reply_a_judge_may_return():
-    from atomcli.judges import MAX_RESPONSE_BYTES  # replies beyond this are refused by the client
+    from atomcli.rewards.judges import (
+        MAX_RESPONSE_BYTES,  # replies beyond this are refused by the client
+    )
     for reply in ("{1, " * (MAX_RESPONSE_BYTES // 4), "{" * MAX_RESPONSE_BYTES,
                   '{"extracted": "' + "x" * MAX_RESPONSE_BYTES):
         t0 = time.perf_counter()

@@ -11,8 +11,15 @@ from fake_openai import FakeOpenAI
 from atomcli import plugins
 from atomcli.context import Context
 from atomcli.errors import InputError
-from atomcli.judges import HFJudge, JudgeError, heuristic_scores, make_heuristic, make_hf, make_openai
-from atomcli.score_rrm import Step, render_prompt
+from atomcli.rewards.judges import (
+    HFJudge,
+    JudgeError,
+    heuristic_scores,
+    make_heuristic,
+    make_hf,
+    make_openai,
+)
+from atomcli.rewards.rrm_prompt import Step, render_prompt
 
 FAST = {"backoff": 0.01, "timeout": 5.0}  # keep retry waits short in tests
 

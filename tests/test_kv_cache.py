@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from atomcli.kv_cache import GrowLayer
+from atomcli.engines.kv_cache import GrowLayer
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atomcli import metrics
+from atomcli.rewards import metrics
 
 # (prediction, golden answers, SQuAD F1, EM, cover-EM = FlashRAG sub-EM), each worked out by hand
 CASES = [

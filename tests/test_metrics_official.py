@@ -1,4 +1,4 @@
-"""atomcli.metrics reproduces the official scorers on every case of tests/data/metric_cases.jsonl.
+"""atomcli.rewards.metrics reproduces the official scorers on every case of tests/data/metric_cases.jsonl.
 
 The expected values were computed by running the official scripts (SQuAD v1.1, HotpotQA, FlashRAG,
 DeepResearcher; versions in tests/data/README.md), so a change here is a change of reward.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from atomcli import metrics
+from atomcli.rewards import metrics
 
 CASES = [json.loads(line) for line in
          (Path(__file__).parent / "data" / "metric_cases.jsonl").read_text(encoding="utf-8").split("\n") if line.strip()]

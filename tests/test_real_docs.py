@@ -7,10 +7,11 @@ import json
 from collections import Counter
 
 import pytest
-
-from atomcli import real_docs, search_local
-from atomcli.errors import InputError
 from conftest import atom
+
+from atomcli.demo import real_docs
+from atomcli.env import search_local
+from atomcli.errors import InputError
 
 
 def read_jsonl(path):

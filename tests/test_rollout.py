@@ -19,11 +19,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import atom
 
-from atomcli import agent_format, plugins, rollout, rollout_io, schema
+from atomcli import plugins, schema
+from atomcli.agent import episode
+from atomcli.agent import format as agent_format
 from atomcli.context import Context
 from atomcli.errors import InputError
-from conftest import atom
+from atomcli.stages import rollout, rollout_io
 
 CORPUS = [
     {"id": "d1", "title": "Alice Smith", "contents": "Alice Smith was born in Paris in 1901. She was a painter."},
@@ -198,7 +201,7 @@ def one_thread():
 def remember_cached_prefixes(monkeypatch):
     """Tell `Scripted` which tokens a reused KV cache stands for (a real model needs no telling:
     the KV is its memory of them; the script, kept outside the model, does)."""
-    from atomcli.engine_hf import HFEngine
+    from atomcli.engines.hf import HFEngine
     assemble = HFEngine._assemble
 
     def tracking(self, reqs, live, pasts):
@@ -478,8 +481,8 @@ def test_template_that_rewrites_old_turns_is_refused(loaded):
             return "|".join(parts) + ("|A:" if add_generation_prompt else "")
 
     with pytest.raises(InputError, match="re-renders earlier turns"):
-        rollout.Chat(Rewriting()).check("system")
-    rollout.Chat(tok).check("system")  # SmolLM2's ChatML template is append-only
+        episode.Chat(Rewriting()).check("system")
+    episode.Chat(tok).check("system")  # SmolLM2's ChatML template is append-only
 
 
 def test_bad_config_fails_before_loading(loaded):
@@ -490,7 +493,8 @@ def test_bad_config_fails_before_loading(loaded):
 
 
 def test_kv_reuse_gives_the_same_samples_with_less_prefill(loaded):
-    from atomcli.engine_hf import GenRequest, HFEngine
+    from atomcli.engines.base import GenRequest
+    from atomcli.engines.hf import HFEngine
     ctx, model, tok = loaded
     shared = list(range(1000, 1060))  # a common prompt prefix (like the system prompt)
     contexts = {f"t{i}": shared + [2000 + i] * (i + 1) for i in range(3)}

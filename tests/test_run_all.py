@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from atomcli import run_all, tableio
 from conftest import ROOT, atom
+
+from atomcli import tableio
+from atomcli.stages import run_all
 
 TABLES = ["questions", "rollouts", "scored", "rewarded"]
 
@@ -58,7 +59,7 @@ def test_quick_demo_writes_every_artifact(quick_run):
     assert [m["step"] for m in metrics] == [1, 2]
     assert metrics[0]["alpha"] == pytest.approx(0.5) and metrics[1]["alpha"] == pytest.approx(0.25)
     # every diagnostic is written under the one name the report reads (atomcli/step_metrics.py)
-    from atomcli import step_metrics as sm
+    from atomcli.stages import step_metrics as sm
     for key in (sm.REWARD_STD, sm.ZERO_VAR_GROUPS, sm.ENTROPY, sm.CLIP_LOW, sm.CLIP_HIGH, sm.GRAD_NORM,
                 sm.RESPONSE_TOKENS, sm.SEARCHES, sm.BROWSES, sm.FORMAT_ERROR, sm.JUDGE_FALLBACKS, sm.SKIPPED):
         assert all(key in m for m in metrics), key

@@ -13,12 +13,19 @@ from fake_openai import FakeOpenAI
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from atomcli import agent_format, plugins, schema
+from atomcli import plugins, schema
+from atomcli.agent import format as agent_format
 from atomcli.context import Context
 from atomcli.errors import InputError
-from atomcli.judges import JudgeError
-from atomcli.score_rrm import (ScoreConfig, Step, parse_prompt, parse_scores, render_prompt, run, score,
-                               trajectory_steps)
+from atomcli.rewards.judges import JudgeError
+from atomcli.rewards.rrm_prompt import (
+    Step,
+    parse_prompt,
+    parse_scores,
+    render_prompt,
+    trajectory_steps,
+)
+from atomcli.stages.score_rrm import ScoreConfig, run, score
 
 QUESTION = "Who founded Zorbia?"
 
@@ -228,7 +235,7 @@ def test_chunked_scoring_equals_one_pass(monkeypatch):
     judge = Scripted(lambda p, a: "[7, 3, 5]" if n_thoughts(p) == 3 else "no idea")  # one row kind fails
     monkeypatch.setitem(plugins.JUDGES, "scripted", lambda arg, context, **options: judge)
     whole = run(table, ScoreConfig(judge="scripted", retries=1), Context(quiet=True))
-    monkeypatch.setattr("atomcli.score_rrm.CHUNK", 2)
+    monkeypatch.setattr("atomcli.stages.score_rrm.CHUNK", 2)
     chunked = run(table, ScoreConfig(judge="scripted", retries=1), Context(quiet=True))
     assert chunked.equals(whole)
     assert whole.column("atr").null_count > 0 and whole.column("atr").drop_null().to_pylist()  # both kinds present

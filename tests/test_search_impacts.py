@@ -7,9 +7,9 @@ import random
 import sqlite3
 
 import pytest
-
-from atomcli import search_impacts, search_local
 from conftest import atom
+
+from atomcli.env import search_impacts, search_local
 
 # A small vocabulary with stemming variants, so that terms collide, repeat within documents,
 # occur in titles and bodies, and scores tie.

@@ -8,13 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import atom
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from atomcli import plugins, search_local
+from atomcli import plugins
 from atomcli.context import Context
+from atomcli.env import search_local
 from atomcli.errors import InputError
-from conftest import atom
 
 DOCS = [
     {"id": "p1", "title": "Velmora Quist", "contents": "Velmora Quist is a painter from Karsia. She was born in "

@@ -10,11 +10,12 @@ import sys
 import pyarrow as pa
 import pytest
 import torch
+from conftest import ROOT, atom
 
-from atomcli import models, schema, sft, tableio
+from atomcli import models, schema, tableio
 from atomcli.context import Context
 from atomcli.errors import InputError
-from conftest import ROOT, atom
+from atomcli.stages import sft
 
 FACTS = [("who founded Xylo Works", "Ana Berg"), ("where is Qorvia's capital", "Lunmark"),
          ("when did Pell Bridge open", "1887"), ("who wrote The Grey Tide", "Ivo Marr")]

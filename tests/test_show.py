@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 from conftest import atom
 
-from atomcli import schema, show
+from atomcli import schema
+from atomcli.stages import show
 
 EVIL = "<script>alert('x')</script>"
 

@@ -19,17 +19,16 @@ from collections import Counter
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-
-from atomcli import fetch
-from atomcli.agent_format import ToolCall, parse_tool_call
-from atomcli.cache import Cache, normalize_query, normalize_url
-from atomcli.context import Context
-from atomcli.fetch import Fetcher, FetchLimits, Guard, Refused, why_forbidden
-from atomcli.retry import RateLimiter, RetryPolicy, ToolFault, parse_retry_after
-from atomcli.tools import NOTHING_NEW, ToolBox
-
 from conftest import atom
 from helpers_http import compression_bomb, send
+
+from atomcli.agent.format import ToolCall, parse_tool_call
+from atomcli.context import Context
+from atomcli.env import fetch
+from atomcli.env.cache import Cache, normalize_query, normalize_url
+from atomcli.env.fetch import Fetcher, FetchLimits, Guard, Refused, why_forbidden
+from atomcli.env.tools import NOTHING_NEW, ToolBox
+from atomcli.retry import RateLimiter, RetryPolicy, ToolFault, parse_retry_after
 
 BIG = 50 * 1024 * 1024
 
@@ -565,7 +564,7 @@ def test_replay_needs_an_existing_cache(tmp_path):
 
 _WRITER = r"""
 import sys, time
-from atomcli.cache import Cache
+from atomcli.env.cache import Cache
 path, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 c = Cache(path)
 other = "b" if who == "a" else "a"

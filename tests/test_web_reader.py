@@ -8,13 +8,19 @@ import random
 import pytest
 
 from atomcli import plugins
-from atomcli.agent_format import parse_tool_call
+from atomcli.agent.format import parse_tool_call
 from atomcli.context import Context
+from atomcli.env.reader import (
+    BM25Reader,
+    LLMReader,
+    Memory,
+    parse_reader_reply,
+    split_segments,
+)
+from atomcli.env.tools import NOTHING_NEW, ToolBox
 from atomcli.errors import InputError
-from atomcli.reader import BM25Reader, LLMReader, Memory, parse_reader_reply, split_segments
-from atomcli.judges import JudgeError
 from atomcli.retry import RetryPolicy
-from atomcli.tools import NOTHING_NEW, ToolBox
+from atomcli.rewards.judges import JudgeError
 
 FILLER = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
           "upsilon phi chi psi omega").split()
@@ -172,7 +178,7 @@ def test_judge_reader_is_loaded_lazily_and_failures_become_observations(monkeypa
     class Judge:
         calls = 0
 
-        def complete(self, prompts):  # like atomcli.judges: failures come back in place of replies
+        def complete(self, prompts):  # like atomcli.rewards.judges: failures come back in place of replies
             Judge.calls += 1
             return [JudgeError("judge server down") for _ in prompts]
 

@@ -28,7 +28,7 @@ reads back from the index.
 Questions (`atomcli/data/sqlite_docs/questions.jsonl`) are written by hand against these
 passages, each with the ids of its support passages, so the passage ids are part of the
 data: after changing this script, run `--check`, which re-verifies every question
-(`atomcli.real_docs.verify`), checks the split rule (`split_of`) and reports how often plain
+(`atomcli.demo.real_docs.verify`), checks the split rule (`split_of`) and reports how often plain
 BM25 on the question text already surfaces the answer in its top 3 (a difficulty number).
 
 Needs only the standard library and trafilatura (a dependency of atomcli); `--check` also
@@ -241,7 +241,9 @@ def check(top_k: int = 3) -> int:
     often a golden answer is in BM25's top-k for the bare question (snippets, whole passages)."""
     sys.path.insert(0, str(REPO))
     import tempfile
-    from atomcli import real_docs, search_local
+
+    from atomcli.demo import real_docs
+    from atomcli.env import search_local
     corpus, questions = real_docs.load("sqlite")
     problems = real_docs.verify(questions, corpus)
     seen = {1: 0, 2: 0}

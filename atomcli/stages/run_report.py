@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from atomcli import step_metrics as sm
+from atomcli.stages import step_metrics as sm
 
 
 def _evals(run_dir: Path, sub: str = "") -> list[dict]:
@@ -50,7 +50,7 @@ def write(run_dir: Path, context=None) -> Path:
 
 
 def _eval_section(title: str, reports: list[dict]) -> list[str]:
-    from atomcli.compare import describe
+    from atomcli.stages.compare import describe
     first = reports[0]["name"]
     lines = [f"## {title}", "",
               f"| checkpoint | F1 | EM | cover-EM | ΔF1 vs {first} [95% CI] | ΔEM vs {first} [95% CI] "

@@ -12,9 +12,9 @@ import json
 
 import typer
 
-from atomcli.agent_format import parse_tool_call
+from atomcli.agent.format import parse_tool_call
+from atomcli.env.tools import ToolBox, ToolResult
 from atomcli.errors import InputError
-from atomcli.tools import ToolBox, ToolResult
 
 FORMATS = ("text", "json")
 

@@ -29,29 +29,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 
-
-@dataclass
-class GenRequest:
-    """One turn to sample: the full context so far and how to sample it."""
-    ids: list[int]
-    max_new_tokens: int
-    seed: int = 0
-    temperature: float = 1.0   # 0 = greedy
-    top_p: float = 1.0
-    stops: tuple[str, ...] = ()
-    key: str | None = None      # a trajectory id: the engine may keep its KV for the next turn
-
-
-@dataclass
-class GenResult:
-    """What was sampled. `stop`: "stop" (a stop string), "eos", "length" (token cap) or "error"."""
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    stop: str = "length"
-    error: str | None = None
-    exact: bool = True  # False: ids re-tokenized from text (an OpenAI server that hides ids)
+from atomcli.engines.base import GenRequest, GenResult
 
 
 def eos_ids(model, tok) -> set[int]:
@@ -200,7 +179,7 @@ class HFEngine:
         import torch
         from transformers import DynamicCache
 
-        from atomcli.kv_cache import GrowLayer
+        from atomcli.engines.kv_cache import GrowLayer
         dev = self.model.device
         b = len(live)
         c_max = max(pasts[i][0] for i in live)

@@ -104,7 +104,8 @@ def _jsonl(rows: list[dict]) -> bytes:
 
 def build(name: str, out_dir: Path, *, context=None) -> dict:
     """Write benchmark `name` into the folder `out_dir` (replaced atomically); return a summary."""
-    from atomcli import search_local, tableio
+    from atomcli import tableio
+    from atomcli.env import search_local
 
     corpus, questions = load(name)  # raises the usage error for an unknown name first
     dest = Path(out_dir)

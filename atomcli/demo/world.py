@@ -20,7 +20,7 @@ DIR receives:
 - `sft.parquet`: trajectories of a scripted expert that really uses the tools (one hop per
   turn) on train questions only, in the atomic-thought agent format, for `atom sft`.
 
-The expert searches through `atomcli.tools.ToolBox` with k=3 results per query, so its
+The expert searches through `atomcli.env.tools.ToolBox` with k=3 results per query, so its
 observations are byte-identical to what a rollout with `--search local:DIR/index.sqlite
 --k 3` sees; with another k the SFT observations are shorter than the rollout's. It reads
 the fact it needs from the result whose title is the entity it is looking up (regular
@@ -69,7 +69,7 @@ class Namer:
         self.rng, self.used = rng, set()
 
     def word(self, syllables: tuple[int, int] = (2, 2)) -> str:
-        from atomcli.search_local import STOPWORDS
+        from atomcli.env.search_local import STOPWORDS
         while True:
             n = self.rng.choice(range(syllables[0], syllables[1] + 1))
             w = "".join(self.rng.choice(ONSETS) + self.rng.choice(VOWELS)
@@ -514,7 +514,7 @@ class Expert:
         self.tb, self.world, self.seed = toolbox, world, seed
 
     def solve(self, q: Question) -> dict:
-        from atomcli import agent_format as af
+        from atomcli.agent import format as af
         rng = random.Random(f"demo-expert:{self.seed}:{q.id}")
         traj_id = f"{q.id}/0"
         msgs = [{"role": "system", "content": af.system_prompt(date=SYSTEM_DATE)},
@@ -640,9 +640,11 @@ def sft_table(rows: list[dict], config: dict):
 def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, test: int = 100, sft: int = 200,
          context=None) -> dict:
     """Write the demo world into the folder `out` (replaced atomically); return a summary."""
-    from atomcli import metrics, search_local, tableio
+    from atomcli import tableio
     from atomcli.context import Context
-    from atomcli.tools import ToolBox
+    from atomcli.env import search_local
+    from atomcli.env.tools import ToolBox
+    from atomcli.rewards import metrics
 
     ctx = context or Context(quiet=True)
     if articles < MIN_ARTICLES:

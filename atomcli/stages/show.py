@@ -24,7 +24,8 @@ import sys
 from collections import defaultdict, deque
 from pathlib import Path
 
-from atomcli import agent_format, tableio
+from atomcli import tableio
+from atomcli.agent import format as agent_format
 from atomcli.errors import InputError
 
 TERMINAL_OBS_CHARS = 500

@@ -2,7 +2,7 @@
 `replay:CACHE` (the recorded environment: answers only from a cache file).
 
 Backends are raw: they return `[{title, url, snippet}]` or raise `ToolFault` for transient
-failures. Retries, rate limiting, caching and concurrency are the ToolBox's (atomcli.tools),
+failures. Retries, rate limiting, caching and concurrency are the ToolBox's (atomcli.env.tools),
 so every backend gets them the same way.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from atomcli.cache import Cache, normalize_query
+from atomcli.env.cache import Cache, normalize_query
 from atomcli.errors import InputError
 from atomcli.plugins import register_search
 from atomcli.retry import ToolFault

@@ -30,9 +30,10 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from atomcli import metrics, schema
+from atomcli import schema
 from atomcli.config import opt
 from atomcli.errors import InputError, unknown_choice
+from atomcli.rewards import metrics
 
 SCHEDULES = ("linear", "cosine", "constant", "none")
 EPS = 1e-6

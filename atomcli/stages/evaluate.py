@@ -32,9 +32,10 @@ import math
 import re
 from dataclasses import dataclass
 
-from atomcli import metrics, schema
+from atomcli import schema
 from atomcli.config import opt, to_dict
 from atomcli.errors import InputError
+from atomcli.rewards import metrics
 
 F1_VARIANTS = metrics.F1_VARIANTS
 UNKNOWN_SOURCE = "unknown"
@@ -276,7 +277,7 @@ def _unique_ids(table) -> None:
 
 
 def _roll_out(questions, config: EvalConfig, context):
-    from atomcli import rollout
+    from atomcli.stages import rollout
 
     rcfg = rollout.RolloutConfig(model=config.model, search=config.search, group_size=1,
                                  temperature=0.0 if config.greedy else 1.0, max_turns=config.max_turns,

@@ -142,6 +142,7 @@ def build_examples(table, tok) -> tuple[dict, str]:
                 raise InputError("token columns are missing or misaligned", row=i, column="loss_mask",
                                  hint="loss_mask must have one entry per completion token")
             ids.append(list(p) + list(c))
+            # where SFT masks: prompt, tool responses and glue are 0 (context); what the policy wrote is 1
             cm.append([0] * len(p) + [int(x) for x in m])
         return {"input_ids": ids, "completion_mask": cm}, "token columns"
     ids, cm = [], []

@@ -175,12 +175,12 @@ class Run:
     """One run folder: paths, stage configs and the shared context."""
 
     def __init__(self, out: Path, settings: dict, context):
-        from atomcli.aggregate_reward import AggregateConfig
-        from atomcli.evaluate import EvalConfig
-        from atomcli.grpo_step import GRPOConfig
-        from atomcli.rollout import RolloutConfig
-        from atomcli.score_rrm import ScoreConfig
-        from atomcli.sft import SFTConfig
+        from atomcli.stages.aggregate_reward import AggregateConfig
+        from atomcli.stages.evaluate import EvalConfig
+        from atomcli.stages.grpo_step import GRPOConfig
+        from atomcli.stages.rollout import RolloutConfig
+        from atomcli.stages.score_rrm import ScoreConfig
+        from atomcli.stages.sft import SFTConfig
 
         self.out, self.ctx = out, context
         sec = lambda name: cfgmod.section(settings, name)  # noqa: E731
@@ -238,7 +238,7 @@ class Run:
         tableio.write_stage(mod.run(table, cfg, self.ctx), str(out), stage, cfg, inherit=table)
 
     def rollout_stage(self, cfg, inp: Path, out: Path):
-        from atomcli import rollout, rollout_io
+        from atomcli.stages import rollout, rollout_io
         if out.exists():
             return
         self.log(f"rollout ({cfg.model}) -> {out.relative_to(self.out)}")
@@ -259,7 +259,8 @@ class Run:
         """Greedy rollout of the test questions, then scores; cached as eval/<name>.json.
 
         transfer: the second test set (eval/transfer/), compared with the first transfer eval."""
-        from atomcli import evaluate, tableio
+        from atomcli import tableio
+        from atomcli.stages import evaluate
         folder = self.out / "eval" / ("transfer" if transfer else "")
         report_path = folder / f"{name}.json"
         first = self.first_transfer if transfer else self.first_eval
@@ -277,7 +278,7 @@ class Run:
         report.update({"name": name, "model": model})
         vs = ""
         if first is not None and "per_question" in first[1]:
-            from atomcli import compare
+            from atomcli.stages import compare
             report["compare"] = compare.compare_reports(report, first[1], baseline_name=first[0], seed=self.cfg.seed)
             vs = f"  (vs {first[0]}: ΔF1 {compare.describe(report['compare']['overall']['f1'])})"
         tableio.write_bytes_atomic(report_path, json.dumps(report, indent=2).encode())
@@ -308,7 +309,8 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
     settings = _merge(PRESETS[preset] if demo and not quick else {}, QUICK if quick else {},
                       cfgmod.load_file(config_file))
     if demo:
-        from atomcli import demo_world, models
+        from atomcli import models
+        from atomcli.demo import world as demo_world
         world = out / "world"
         if not (world / "index.sqlite").exists():
             context.log("building the demo world...")
@@ -319,7 +321,7 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
         ra.setdefault("sft_data", str(world / "sft.parquet"))
         ra.setdefault("search", f"local:{world / 'index.sqlite'}")
         if "transfer_test" not in ra:  # transfer to real documents, measured every run
-            from atomcli import real_docs
+            from atomcli.demo import real_docs
             real = out / "real"
             if not (real / "index.sqlite").exists():
                 real_docs.build("sqlite", real, context=context)
@@ -337,7 +339,8 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
 
 def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: bool, context,
          preset: str = "demo") -> None:
-    from atomcli import aggregate_reward, grpo_step, score_rrm, sft, tableio
+    from atomcli import tableio
+    from atomcli.stages import aggregate_reward, grpo_step, score_rrm, sft
     run_dir = Path(out)
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
         raise InputError("run folder exists and is not empty", file=out, hint="pass --resume to continue it, or a new --out")
@@ -400,7 +403,7 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
         run.evaluate(f"step-{cfg.steps:04d}", model)
         run.evaluate_transfer(f"step-{cfg.steps:04d}", model)
 
-    from atomcli import run_report
+    from atomcli.stages import run_report
     run_report.write(run_dir, context)
     run.log(f"[green]done[/]: {run_dir}/summary.md")
 
@@ -419,8 +422,8 @@ def _eta(run: Run, t: int, steps: int) -> str:
 
 def _log_metrics(run: Run, t: int, d: Path) -> None:
     """One line of metrics.jsonl per step, from the step's tables and checkpoint."""
-    from atomcli import step_metrics as sm
     from atomcli import tableio
+    from atomcli.stages import step_metrics as sm
     rewarded = run.read(d / "rewarded.parquet").to_pydict()
     mfile = d / "ckpt" / "metrics.json"
     ckpt_metrics = json.loads(mfile.read_text()) if mfile.exists() else {}

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from atomcli.agent_format import neutralize
+from atomcli.agent.format import neutralize
 from atomcli.retry import ToolFault
 
 WORD_RE = re.compile(r"\w+", re.UNICODE)

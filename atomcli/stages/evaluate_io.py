@@ -45,7 +45,7 @@ def run_to_files(mod, input_path: str, cfg, ctx, *, out: str, markdown: str | No
         raise e.located(file=name) from None
     report = {"input": name, **report}
     if baseline is not None:
-        from atomcli import compare as cmp
+        from atomcli.stages import compare as cmp
         try:
             report["compare"] = cmp.compare_reports(report, baseline, baseline_name=compare, seed=cfg.seed)
         except InputError as e:
@@ -68,7 +68,7 @@ def run_to_files(mod, input_path: str, cfg, ctx, *, out: str, markdown: str | No
 
 def read_baseline(path: str, f1_variant: str) -> dict:
     """The baseline of `--compare`: a report JSON of `atom eval`, or an answered table (scored here)."""
-    from atomcli import evaluate
+    from atomcli.stages import evaluate
     p = Path(path)
     if not p.is_file():
         raise InputError("baseline not found", file=path, hint="give a report JSON or an answered rollout table")
@@ -151,7 +151,7 @@ def _rows(report: dict) -> list[tuple[str, dict]]:
 
 def scorer_line(report: dict) -> str:
     """Which official scorer each number comes from (`F1 = squad: SQuAD v1.1 token F1 ...`)."""
-    from atomcli.metrics import SCORERS
+    from atomcli.rewards.metrics import SCORERS
     names = report.get("scorers") or {}
     return "; ".join(f"{k} = {v} ({SCORERS.get(v, v)})" for k, v in names.items()) or "-"
 
@@ -182,7 +182,7 @@ def compare_table(c: dict):
     from rich import box
     from rich.table import Table
 
-    from atomcli.compare import COMPARED, describe
+    from atomcli.stages.compare import COMPARED, describe
     table = Table(title=f"vs {c['baseline']} ({c['n_shared']} shared questions; paired bootstrap "
                         f"{100 * c['level']:.0f}% interval)", box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("source")
@@ -195,7 +195,7 @@ def compare_table(c: dict):
 
 
 def compare_markdown(c: dict) -> list[str]:
-    from atomcli.compare import COMPARED, describe
+    from atomcli.stages.compare import COMPARED, describe
     lines = ["", f"## Against `{c['baseline']}`", "",
              f"Paired over {c['n_shared']} shared question ids; {100 * c['level']:.0f}% percentile bootstrap "
              f"interval of the mean difference ({c['n_boot']} resamples).", "",

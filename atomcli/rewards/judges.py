@@ -48,7 +48,6 @@ from concurrent.futures import ThreadPoolExecutor
 from atomcli import openai_http, plugins, retry
 from atomcli.errors import InputError
 
-
 # A reply of a few hundred tokens is a few KB; a server streaming more is broken or hostile,
 # and reading it whole would hold it all in memory.
 MAX_RESPONSE_BYTES = 1 << 20
@@ -202,7 +201,7 @@ REASONING_TAGS = frozenset({"PLAN", "REFLECTION", "HYPOTHESIS_TESTING", "RISK_AN
 
 def content_words(text: str) -> list[str]:
     """Normalized tokens that carry meaning (stopwords and 1-letter tokens dropped)."""
-    from atomcli.metrics import normalize
+    from atomcli.rewards.metrics import normalize
     return [w for w in normalize(text).split() if w not in STOPWORDS and (len(w) > 1 or w.isdigit())]
 
 
@@ -249,7 +248,7 @@ class HeuristicJudge:
     name = "heuristic"
 
     def complete(self, prompts: list[str]) -> list[str | JudgeError]:
-        from atomcli.score_rrm import parse_prompt  # the prompt format belongs to score-rrm
+        from atomcli.rewards.rrm_prompt import parse_prompt
         out: list[str | JudgeError] = []
         for p in prompts:
             parsed = parse_prompt(p)

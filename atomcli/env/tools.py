@@ -4,10 +4,10 @@
 model sees, and never raises: a tool that fails becomes an error observation (ok=False).
 `run_many` runs the calls of one turn concurrently. The search backend comes from a SPEC
 (atomcli.plugins); browsing reads local documents from the backend when it can, else the web
-(atomcli.fetch, behind the SSRF guard), then hands the page text to the reading agent
-(atomcli.reader) with the question's short-term memory.
+(atomcli.env.fetch, behind the SSRF guard), then hands the page text to the reading agent
+(atomcli.env.reader) with the question's short-term memory.
 
-Around every network call: the cache (atomcli.cache) first, then the backend's rate limiter
+Around every network call: the cache (atomcli.env.cache) first, then the backend's rate limiter
 and bounded retries (atomcli.retry). With `replay` (or the `replay:CACHE` spec) nothing
 reaches the network: recorded results, including recorded errors, are served as they were,
 so a replay produces byte-identical observations, and anything else is "not recorded".
@@ -22,13 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from atomcli.agent_format import ToolCall
-from atomcli.cache import DEFAULT_TTL, Cache, normalize_query, normalize_url
+from atomcli.agent.format import ToolCall
+from atomcli.env.cache import DEFAULT_TTL, Cache, normalize_query, normalize_url
+from atomcli.env.fetch import Fetcher, FetchError, FetchLimits, Refused, page_text
+from atomcli.env.reader import BM25Reader, LLMReader, Memory
+from atomcli.env.search_web import NotRecorded, covers, recorded_search
 from atomcli.errors import InputError
-from atomcli.fetch import Fetcher, FetchError, FetchLimits, Refused, page_text
-from atomcli.reader import BM25Reader, LLMReader, Memory
 from atomcli.retry import RetryPolicy, ToolFault, limiter
-from atomcli.search_web import NotRecorded, covers, recorded_search
 
 NOTHING_NEW = "(nothing new: what this page says about the query was already returned)"
 NO_TEXT = "(no readable text on this page)"

@@ -26,14 +26,13 @@ sampler/trainer numeric drift. The first ratio is then exactly 1.
 from __future__ import annotations
 
 import math
-import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from atomcli.config import opt
 from atomcli.errors import InputError, unknown_choice
-
-LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps a stale or corrupt old_logprob from producing inf
+from atomcli.train.grpo import (Batch, LossSettings, Trajectory, fill_old_logprobs, fill_ref_logprobs, grpo_update,
+                                init_world, make_optimizer, micro_batches, torch_device)
 
 
 @dataclass
@@ -62,35 +61,19 @@ class GRPOConfig:
     trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run")
 
 
+def loss_settings(config: "GRPOConfig") -> LossSettings:
+    """The loss math's own settings, from this stage's config."""
+    return LossSettings(clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, beta=config.beta,
+                        entropy_coef=config.entropy_coef, loss_agg=config.loss_agg, temperature=config.temperature,
+                        micro_batch=config.micro_batch, max_grad_norm=config.max_grad_norm)
+
+
 def skips_zero_rows(config: "GRPOConfig") -> bool:
     """Zero-advantage rows add exactly nothing to the gradient only without the KL and entropy terms."""
     return config.skip_zero_advantage and config.beta == 0 and config.entropy_coef == 0
 
 
 # --- the batch: validated token columns ---------------------------------------------------------
-
-@dataclass
-class Trajectory:
-    """One row, trimmed to what the loss needs: tokens after the last sampled one are never read."""
-    row: int
-    input_ids: list[int]   # prompt + completion up to (not including) the last sampled token
-    positions: list[int]   # index in input_ids of the hidden state predicting each sampled token
-    targets: list[int]     # the sampled tokens
-    old: list[float]       # their sampling log-probs
-    advantage: float
-
-
-@dataclass
-class Batch:
-    trajectories: list[Trajectory]  # rows with at least one sampled token (minus skipped ones)
-    n_rows: int
-    n_tokens: int                   # sampled tokens in the whole batch (the token-mean denominator)
-    max_id: int
-    stats: dict = field(default_factory=dict)
-    n_seqs: int = 0                 # rows with at least one sampled token (the seq-mean denominator)
-    skipped: int = 0                # zero-advantage rows left out of the passes (they add no gradient)
-    skipped_tokens: int = 0
-
 
 def read_batch(table, source: str = "-", *, recompute_old: bool = False, skip_zero: bool = False) -> Batch:
     """Validate the token columns and advantages; InputError names the row and column.
@@ -137,8 +120,9 @@ def read_batch(table, source: str = "-", *, recompute_old: bool = False, skip_ze
         if skip_zero and adv == 0:
             skipped, skipped_tokens = skipped + 1, skipped_tokens + len(idx)
             continue
-        trajs.append(Trajectory(i, ids, [p + j - 1 for j in idx], [comp[j] for j in idx],
-                                [old[j] for j in idx], float(adv)))
+        last = idx[-1] + 1
+        trajs.append(Trajectory(i, ids, p - 1, list(comp[:last]), list(mask[:last]),
+                                [old[j] if mask[j] else 0.0 for j in range(last)], float(adv)))
     if not n_tokens:
         raise InputError("no sampled tokens to train on (every loss_mask is 0)", file=source,
                          column="loss_mask", hint="check the output of `atom rollout`")
@@ -160,239 +144,6 @@ def _column_stats(table, adv) -> dict:
     return out
 
 
-# --- distributed ----------------------------------------------------------------------------------
-
-@dataclass
-class World:
-    rank: int = 0
-    size: int = 1
-    comm_device: str = "cpu"  # where collectives run: NCCL only reduces CUDA tensors
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def all_sum(self, tensor):
-        """Sum over ranks (in place where possible); identity in a single process."""
-        if self.size > 1:
-            import torch.distributed as dist
-            moved = tensor.to(self.comm_device)
-            dist.all_reduce(moved, op=dist.ReduceOp.SUM)
-            if moved is not tensor:
-                tensor.copy_(moved)
-        return tensor
-
-
-def init_world() -> World:
-    """Join the process group torchrun / accelerate launch set up (env://); one process otherwise."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size <= 1:
-        return World()
-    import atexit
-
-    import torch
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
-    comm = f"cuda:{_device_index(dist.get_rank())}" if dist.get_backend() == "nccl" else "cpu"
-    return World(dist.get_rank(), dist.get_world_size(), comm)
-
-
-def _device_index(rank: int) -> int:
-    import torch
-    return int(os.environ.get("LOCAL_RANK", rank)) % max(torch.cuda.device_count(), 1)
-
-
-def _device(world: World):
-    import torch
-    if torch.cuda.is_available():
-        return torch.device("cuda", _device_index(world.rank))
-    return torch.device("cpu")
-
-
-# --- micro-batches --------------------------------------------------------------------------------
-
-@dataclass
-class MicroBatch:
-    input_ids: object       # [b, L] right-padded
-    attention_mask: object  # [b, L]
-    rows: object            # [n] which sequence each scored token belongs to
-    cols: object            # [n] position of the hidden state that predicts it
-    targets: object         # [n]
-    old: object             # [n]
-    adv: object             # [n] the trajectory's advantage, per token
-    weight: object          # [n] the token's share of the aggregated loss
-    n_input_tokens: int
-    ref: object = None      # [n] reference log-probs, filled when beta > 0
-
-
-def micro_batches(batch: Batch, config: GRPOConfig, world: World, device, pad_id: int = 0) -> list[MicroBatch]:
-    """This rank's share of the batch, in micro-batches of similar lengths, with loss weights."""
-    import torch
-    n_seqs = batch.n_seqs or len(batch.trajectories)
-    # longest first, dealt round-robin: ranks get similar token counts, micro-batches little padding
-    order = sorted(batch.trajectories, key=lambda t: (-len(t.input_ids), t.row))[world.rank::world.size]
-    out = []
-    for s in range(0, len(order), config.micro_batch):
-        chunk = order[s:s + config.micro_batch]
-        length = max(len(t.input_ids) for t in chunk)
-        ids = torch.full((len(chunk), length), pad_id, dtype=torch.long)
-        att = torch.zeros((len(chunk), length), dtype=torch.long)
-        rows, cols, targets, old, adv, weight = [], [], [], [], [], []
-        for b, t in enumerate(chunk):
-            ids[b, :len(t.input_ids)] = torch.tensor(t.input_ids, dtype=torch.long)
-            att[b, :len(t.input_ids)] = 1
-            n = len(t.targets)
-            rows += [b] * n
-            cols += t.positions
-            targets += t.targets
-            old += t.old
-            adv += [t.advantage] * n
-            w = 1.0 / batch.n_tokens if config.loss_agg == "token-mean" else 1.0 / (n * n_seqs)
-            weight += [w] * n
-        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-        as_float = lambda x: torch.tensor(x, dtype=torch.float32, device=device)  # noqa: E731
-        out.append(MicroBatch(ids.to(device), att.to(device), as_long(rows), as_long(cols), as_long(targets),
-                              as_float(old), as_float(adv), as_float(weight), int(att.sum())))
-    return out
-
-
-# --- the update -----------------------------------------------------------------------------------
-
-STAT_NAMES = ("loss", "pg_loss", "kl", "entropy", "clip_low", "clip_high", "ratio", "tokens")
-
-
-def grpo_update(model, optimizer, mbs: list[MicroBatch], config: GRPOConfig, world: World,
-                zero_fill: bool = False) -> dict:
-    """One optimizer step over the whole (global) batch. Returns the batch-level metrics.
-
-    zero_fill: rows were skipped (read_batch skip_zero), so a parameter that got no gradient
-    gets an explicit 0, as the full pass would have given it: AdamW then advances its moments
-    exactly as in the full update (a None gradient would leave them untouched)."""
-    import torch
-
-    from atomcli.token_logprobs import sequence_logprobs
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer.zero_grad(set_to_none=True)
-    stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
-    t0 = time.perf_counter()
-    for mb in mbs:
-        logp, ent = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.targets,
-                                      config.temperature)
-        loss, parts = grpo_token_loss(logp, ent, mb, config)
-        loss.backward()
-        stats += torch.stack(parts).cpu()
-    stats = world.all_sum(stats)
-    if zero_fill:
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-    if world.size > 1:
-        _all_reduce_grads(params, world)
-    max_norm = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    skipped = not math.isfinite(grad_norm)
-    if skipped:  # a NaN/inf gradient would destroy the weights: keep them, say so
-        optimizer.zero_grad(set_to_none=True)
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    seconds = time.perf_counter() - t0
-    m = dict(zip(STAT_NAMES, stats.tolist()))
-    tokens = world.all_sum(torch.tensor([sum(mb.n_input_tokens for mb in mbs)], dtype=torch.float64)).item()
-    for k in ("clip_low", "clip_high", "ratio"):
-        m[k] /= max(m["tokens"], 1)  # plain fractions / means over sampled tokens
-    m.update(grad_norm=grad_norm, skipped=skipped, seconds=seconds, input_tokens=int(tokens),
-             trained_tokens=int(m.pop("tokens")), tokens_per_s=tokens / seconds if seconds > 0 else None)
-    return m
-
-
-def grpo_token_loss(logp, ent, mb: MicroBatch, config: GRPOConfig):
-    """The micro-batch's share of the loss, and its share of each metric (as weighted sums)."""
-    import torch
-    log_ratio = (logp - mb.old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = log_ratio.exp()
-    clipped = ratio.clamp(1 - config.clip_eps, 1 + config.clip_eps_high)
-    pg = -torch.min(ratio * mb.adv, clipped * mb.adv)
-    per_token = pg
-    kl = logp.new_zeros(())
-    if config.beta > 0:
-        d = (mb.ref - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        kl_tok = d.exp() - d - 1
-        per_token = per_token + config.beta * kl_tok
-        kl = (kl_tok * mb.weight).sum()
-    if config.entropy_coef > 0:
-        per_token = per_token - config.entropy_coef * ent
-    loss = (per_token * mb.weight).sum()
-    with torch.no_grad():
-        low = ((ratio < 1 - config.clip_eps) & (mb.adv < 0)).sum()
-        high = ((ratio > 1 + config.clip_eps_high) & (mb.adv > 0)).sum()
-        parts = [loss, (pg * mb.weight).sum(), kl, (ent * mb.weight).sum(), low, high, ratio.sum(),
-                 logp.new_tensor(float(logp.numel()))]
-    return loss, [p.detach().double() for p in parts]
-
-
-def _all_reduce_grads(params, world: World, bucket: int = 1 << 24) -> None:
-    """Sum gradients over ranks in flat buckets (fewer, larger messages than one per tensor)."""
-    import torch
-    for p in params:
-        if p.grad is None:  # a rank whose trajectories never reached this parameter
-            p.grad = torch.zeros_like(p)
-    group, size = [], 0
-    for p in params + [None]:
-        if p is not None:
-            group.append(p)
-            size += p.numel()
-        if group and (p is None or size >= bucket):
-            flat = world.all_sum(torch.cat([q.grad.reshape(-1) for q in group]))
-            offset = 0
-            for q in group:
-                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad))
-                offset += q.numel()
-            group, size = [], 0
-
-
-
-def fill_ref_logprobs(model, mbs: list[MicroBatch], config: GRPOConfig, *, disable_adapter: bool = False) -> None:
-    """Reference log-probs for every micro-batch, once per step (the reference never changes)."""
-    _fill_logprobs(model, mbs, config, "ref", disable_adapter)
-
-
-def fill_old_logprobs(model, mbs: list[MicroBatch], config: GRPOConfig) -> None:
-    """`--old-logprobs recompute`: the policy's own log-probs before the update stand in for the sampler's."""
-    _fill_logprobs(model, mbs, config, "old", False)
-
-
-def _fill_logprobs(model, mbs: list[MicroBatch], config: GRPOConfig, attr: str, disable_adapter: bool) -> None:
-    import contextlib
-
-    import torch
-
-    from atomcli.token_logprobs import sequence_logprobs
-    ctx = model.disable_adapter() if disable_adapter else contextlib.nullcontext()
-    with torch.no_grad(), ctx:
-        for mb in mbs:
-            setattr(mb, attr, sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.rows, mb.cols,
-                                                mb.targets, config.temperature)[0])
-
-
-def make_optimizer(model, config: GRPOConfig, state: dict | None = None, source: str = "-"):
-    """AdamW over the trainable parameters; `state` continues a saved run (lr/decay from config)."""
-    import torch
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    if state is not None:
-        try:
-            optimizer.load_state_dict(state)
-        except (ValueError, KeyError, RuntimeError) as e:
-            raise InputError(f"optimizer.pt does not match the model ({str(e).splitlines()[0][:120]})", file=source,
-                             hint="was it written with a different --lora setting or model?") from None
-        for g in optimizer.param_groups:  # the saved state keeps its moments; the flags set the schedule
-            g["lr"], g["weight_decay"] = config.lr, config.weight_decay
-    return optimizer
-
-
 # --- the stage ------------------------------------------------------------------------------------
 
 def run(table, config: GRPOConfig, context):
@@ -407,36 +158,37 @@ def run(table, config: GRPOConfig, context):
     world = init_world()
     if not world.main:  # one voice per job: the other ranks only compute
         context.quiet = True
-    device = _device(world)
+    device = torch_device(world)
     torch.manual_seed(config.seed)
 
     policy = _load_policy(config, checkpoint.read_state(config.model), context, device, context.log)
     model, tok = policy.model, policy.tokenizer
     _check_tokens(table, batch, model, tok, context.log, config.temperature)
 
-    mbs = micro_batches(batch, config, world, device, pad_id=tok.pad_token_id or 0)
-    local = torch.tensor([float(sum(mb.targets.numel() for mb in mbs))], dtype=torch.float64)
+    loss = loss_settings(config)
+    mbs = micro_batches(batch, loss, world, device, pad_id=tok.pad_token_id or 0)
+    local = torch.tensor([float(sum(mb.loss_mask.sum().item() for mb in mbs))], dtype=torch.float64)
     if world.all_sum(local).item() != batch.n_tokens - batch.skipped_tokens:
         raise RuntimeError("ranks read different tables (sampled-token counts disagree)")
 
     t0 = time.perf_counter()
     prepare_for_training(model, config)
     if config.old_logprobs == "recompute":
-        fill_old_logprobs(model, mbs, config)
+        fill_old_logprobs(model, mbs, loss)
     if config.beta > 0:
         if policy.ref_is_adapter_off:
-            fill_ref_logprobs(model, mbs, config, disable_adapter=True)
+            fill_ref_logprobs(model, mbs, loss, disable_adapter=True)
         elif policy.ref == policy.start and policy.step == 1:
-            fill_ref_logprobs(model, mbs, config)  # the run's first step: the policy *is* the reference
+            fill_ref_logprobs(model, mbs, loss)  # the run's first step: the policy *is* the reference
         else:
             ref_model, _ = models.load(policy.ref, context, trust_remote_code=config.trust_remote_code,
                                        device=str(device))
-            fill_ref_logprobs(ref_model, mbs, config)
+            fill_ref_logprobs(ref_model, mbs, loss)
             del ref_model  # freed before the backward passes need the memory
     ref_seconds = time.perf_counter() - t0
 
-    optimizer = make_optimizer(model, config, policy.optimizer_state, source=config.model)
-    updates = [grpo_update(model, optimizer, mbs, config, world, zero_fill=batch.skipped > 0)
+    optimizer = make_optimizer(model, config.lr, config.weight_decay, policy.optimizer_state, source=config.model)
+    updates = [grpo_update(model, optimizer, mbs, loss, world, zero_fill=batch.skipped > 0)
                for _ in range(config.epochs)]
     finish_training(model, config)
 

@@ -40,7 +40,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Iterator
 
-from atomcli import __version__, plugins, search_impacts, tableio
+from atomcli import __version__, plugins, tableio
+from atomcli.env import search_impacts
 from atomcli.errors import InputError, unknown_choice
 
 FORMAT = "atomcli-index-1"

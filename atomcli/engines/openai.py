@@ -1,6 +1,6 @@
 """The rollout engine for OpenAI-compatible servers (`--model openai:BASE_URL#MODEL`).
 
-Same contract as the in-process engine (`atomcli.engine_hf`): one assistant turn per request,
+Same contract as the in-process engine (`atomcli.engines.hf`): one assistant turn per request,
 exact ids and their log-probs back. The rollout keeps control of the chat template: it
 renders and tokenizes with a *local* tokenizer of the served model (`--tokenizer`, default
 the model name after `#`) and sends `POST BASE_URL/completions` (not chat completions) with
@@ -33,7 +33,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from atomcli import openai_http, retry
-from atomcli.engine_hf import GenRequest, GenResult
+from atomcli.engines.base import GenRequest, GenResult
 from atomcli.errors import InputError
 
 NAN = float("nan")

@@ -1,0 +1,1 @@
+"""The agent: its turn format and the token bookkeeping of an episode."""

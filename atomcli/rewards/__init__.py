@@ -1,0 +1,1 @@
+"""Rewards: the official outcome metrics and the judges that score atomic thoughts."""

@@ -1,0 +1,309 @@
+"""The GRPO update, as plain math over token tensors (DESIGN.md §6).
+
+Per target token t of trajectory i (its completion tokens up to the last one it sampled):
+
+    r    = exp(logp - old)                                  the policy ratio
+    loss = [-min(r·A, clip(r, 1-eps, 1+eps_high)·A) + beta·k3 - entropy_coef·H] · loss_mask
+    k3   = exp(ref - logp) - (ref - logp) - 1
+
+`loss_mask` is 1 for tokens the policy sampled and 0 for tool responses and template glue:
+the one line in `grpo_token_loss` that multiplies by it is where those tokens leave the loss.
+Aggregated as a token-mean over the whole batch (weight 1 / sampled tokens) or a mean over
+trajectories of per-trajectory token means. Micro-batches accumulate gradients weighted by
+the *global* count, so the gradient equals the full-batch gradient whatever the micro-batch
+size or the number of processes; under torchrun every rank trains on every world-th
+trajectory and the summed gradients are all-reduced before clipping and the AdamW step.
+
+Everything takes plain arguments (`LossSettings`, tensors, a model): the `grpo-step` stage
+reads and validates the table, and builds these from its config.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+from atomcli.errors import InputError
+
+LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps a stale or corrupt old_logprob from producing inf
+
+
+@dataclass
+class LossSettings:
+    """What the loss and the update need to know (grpo-step fills it from its config)."""
+    clip_eps: float = 0.2
+    clip_eps_high: float = 0.2
+    beta: float = 0.0
+    entropy_coef: float = 0.0
+    loss_agg: str = "token-mean"   # or seq-mean
+    temperature: float = 1.0
+    micro_batch: int = 4
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class Trajectory:
+    """One row, trimmed to what the loss needs: tokens after the last sampled one are never read.
+
+    Every completion token up to the last sampled one is a target, each with its loss_mask
+    (1 = sampled by the policy, 0 = inserted by the environment); the loss applies the mask."""
+    row: int
+    input_ids: list[int]   # prompt + completion up to (not including) the last target
+    start: int             # index in input_ids of the hidden state predicting the first target
+    targets: list[int]     # completion tokens up to the last sampled one
+    loss_mask: list[int]   # their loss_mask (1 = sampled, 0 = tool response / template glue)
+    old: list[float]       # sampling log-probs (0.0 where the mask is 0: never read)
+    advantage: float
+
+
+@dataclass
+class Batch:
+    trajectories: list[Trajectory]  # rows with at least one sampled token (minus skipped ones)
+    n_rows: int
+    n_tokens: int                   # sampled tokens in the whole batch (the token-mean denominator)
+    max_id: int
+    stats: dict = field(default_factory=dict)
+    n_seqs: int = 0                 # rows with at least one sampled token (the seq-mean denominator)
+    skipped: int = 0                # zero-advantage rows left out of the passes (they add no gradient)
+    skipped_tokens: int = 0
+
+
+# --- distributed ----------------------------------------------------------------------------------
+
+@dataclass
+class World:
+    rank: int = 0
+    size: int = 1
+    comm_device: str = "cpu"  # where collectives run: NCCL only reduces CUDA tensors
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def all_sum(self, tensor):
+        """Sum over ranks (in place where possible); identity in a single process."""
+        if self.size > 1:
+            import torch.distributed as dist
+            moved = tensor.to(self.comm_device)
+            dist.all_reduce(moved, op=dist.ReduceOp.SUM)
+            if moved is not tensor:
+                tensor.copy_(moved)
+        return tensor
+
+
+def init_world() -> World:
+    """Join the process group torchrun / accelerate launch set up (env://); one process otherwise."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return World()
+    import atexit
+
+    import torch
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    comm = f"cuda:{_device_index(dist.get_rank())}" if dist.get_backend() == "nccl" else "cpu"
+    return World(dist.get_rank(), dist.get_world_size(), comm)
+
+
+def _device_index(rank: int) -> int:
+    import torch
+    return int(os.environ.get("LOCAL_RANK", rank)) % max(torch.cuda.device_count(), 1)
+
+
+def torch_device(world: World):
+    import torch
+    if torch.cuda.is_available():
+        return torch.device("cuda", _device_index(world.rank))
+    return torch.device("cpu")
+
+
+# --- micro-batches --------------------------------------------------------------------------------
+
+@dataclass
+class MicroBatch:
+    input_ids: object       # [b, L] right-padded
+    attention_mask: object  # [b, L]
+    rows: object            # [n] which sequence each target token belongs to
+    cols: object            # [n] position of the hidden state that predicts it
+    targets: object         # [n] completion tokens up to each row's last sampled one
+    loss_mask: object       # [n] 1 = sampled by the policy, 0 = tool response / template glue
+    old: object             # [n]
+    adv: object             # [n] the trajectory's advantage, per token
+    weight: object          # [n] the token's share of the aggregated loss
+    n_input_tokens: int
+    ref: object = None      # [n] reference log-probs, filled when beta > 0
+
+
+def micro_batches(batch: Batch, config: LossSettings, world: World, device, pad_id: int = 0) -> list[MicroBatch]:
+    """This rank's share of the batch, in micro-batches of similar lengths, with loss weights."""
+    import torch
+    n_seqs = batch.n_seqs or len(batch.trajectories)
+    # longest first, dealt round-robin: ranks get similar token counts, micro-batches little padding
+    order = sorted(batch.trajectories, key=lambda t: (-len(t.input_ids), t.row))[world.rank::world.size]
+    out = []
+    for s in range(0, len(order), config.micro_batch):
+        chunk = order[s:s + config.micro_batch]
+        length = max(len(t.input_ids) for t in chunk)
+        ids = torch.full((len(chunk), length), pad_id, dtype=torch.long)
+        att = torch.zeros((len(chunk), length), dtype=torch.long)
+        rows, cols, targets, mask, old, adv, weight = [], [], [], [], [], [], []
+        for b, t in enumerate(chunk):
+            ids[b, :len(t.input_ids)] = torch.tensor(t.input_ids, dtype=torch.long)
+            att[b, :len(t.input_ids)] = 1
+            n = len(t.targets)
+            rows += [b] * n
+            cols += range(t.start, t.start + n)
+            targets += t.targets
+            mask += t.loss_mask
+            old += t.old
+            adv += [t.advantage] * n
+            sampled = sum(t.loss_mask)
+            w = 1.0 / batch.n_tokens if config.loss_agg == "token-mean" else 1.0 / (sampled * n_seqs)
+            weight += [w] * n
+        as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        as_float = lambda x: torch.tensor(x, dtype=torch.float32, device=device)  # noqa: E731
+        out.append(MicroBatch(ids.to(device), att.to(device), as_long(rows), as_long(cols), as_long(targets),
+                              as_float(mask), as_float(old), as_float(adv), as_float(weight), int(att.sum())))
+    return out
+
+
+# --- the update -----------------------------------------------------------------------------------
+
+STAT_NAMES = ("loss", "pg_loss", "kl", "entropy", "clip_low", "clip_high", "ratio", "tokens")
+
+
+def grpo_update(model, optimizer, mbs: list[MicroBatch], config: LossSettings, world: World,
+                zero_fill: bool = False) -> dict:
+    """One optimizer step over the whole (global) batch. Returns the batch-level metrics.
+
+    zero_fill: rows were skipped (read_batch skip_zero), so a parameter that got no gradient
+    gets an explicit 0, as the full pass would have given it: AdamW then advances its moments
+    exactly as in the full update (a None gradient would leave them untouched)."""
+    import torch
+
+    from atomcli.train.logprobs import sequence_logprobs
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer.zero_grad(set_to_none=True)
+    stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
+    t0 = time.perf_counter()
+    for mb in mbs:
+        logp, ent = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.targets,
+                                      config.temperature)
+        loss, parts = grpo_token_loss(logp, ent, mb, config)
+        loss.backward()
+        stats += torch.stack(parts).cpu()
+    stats = world.all_sum(stats)
+    if zero_fill:
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+    if world.size > 1:
+        _all_reduce_grads(params, world)
+    max_norm = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    skipped = not math.isfinite(grad_norm)
+    if skipped:  # a NaN/inf gradient would destroy the weights: keep them, say so
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    seconds = time.perf_counter() - t0
+    m = dict(zip(STAT_NAMES, stats.tolist()))
+    tokens = world.all_sum(torch.tensor([sum(mb.n_input_tokens for mb in mbs)], dtype=torch.float64)).item()
+    for k in ("clip_low", "clip_high", "ratio"):
+        m[k] /= max(m["tokens"], 1)  # plain fractions / means over sampled tokens
+    m.update(grad_norm=grad_norm, skipped=skipped, seconds=seconds, input_tokens=int(tokens),
+             trained_tokens=int(m.pop("tokens")), tokens_per_s=tokens / seconds if seconds > 0 else None)
+    return m
+
+
+def grpo_token_loss(logp, ent, mb: MicroBatch, config: LossSettings):
+    """The micro-batch's share of the loss, and its share of each metric (as weighted sums)."""
+    import torch
+    log_ratio = (logp - mb.old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = log_ratio.exp()
+    clipped = ratio.clamp(1 - config.clip_eps, 1 + config.clip_eps_high)
+    pg = -torch.min(ratio * mb.adv, clipped * mb.adv)
+    per_token = pg
+    kl_tok = torch.zeros_like(logp)
+    if config.beta > 0:
+        d = (mb.ref - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        kl_tok = d.exp() - d - 1
+        per_token = per_token + config.beta * kl_tok
+    if config.entropy_coef > 0:
+        per_token = per_token - config.entropy_coef * ent
+    # Tool responses and template glue (loss_mask = 0) are context, never targets: they leave the loss here.
+    per_token = per_token * mb.loss_mask
+    loss = (per_token * mb.weight).sum()
+    with torch.no_grad():
+        on = mb.loss_mask > 0
+        w = mb.weight * mb.loss_mask
+        low = ((ratio < 1 - config.clip_eps) & (mb.adv < 0) & on).sum()
+        high = ((ratio > 1 + config.clip_eps_high) & (mb.adv > 0) & on).sum()
+        parts = [loss, (pg * w).sum(), (kl_tok * w).sum(), (ent * w).sum(), low, high, (ratio * mb.loss_mask).sum(),
+                 mb.loss_mask.sum()]
+    return loss, [p.detach().double() for p in parts]
+
+
+def _all_reduce_grads(params, world: World, bucket: int = 1 << 24) -> None:
+    """Sum gradients over ranks in flat buckets (fewer, larger messages than one per tensor)."""
+    import torch
+    for p in params:
+        if p.grad is None:  # a rank whose trajectories never reached this parameter
+            p.grad = torch.zeros_like(p)
+    group, size = [], 0
+    for p in params + [None]:
+        if p is not None:
+            group.append(p)
+            size += p.numel()
+        if group and (p is None or size >= bucket):
+            flat = world.all_sum(torch.cat([q.grad.reshape(-1) for q in group]))
+            offset = 0
+            for q in group:
+                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad))
+                offset += q.numel()
+            group, size = [], 0
+
+
+
+def fill_ref_logprobs(model, mbs: list[MicroBatch], config: LossSettings, *, disable_adapter: bool = False) -> None:
+    """Reference log-probs for every micro-batch, once per step (the reference never changes)."""
+    _fill_logprobs(model, mbs, config, "ref", disable_adapter)
+
+
+def fill_old_logprobs(model, mbs: list[MicroBatch], config: LossSettings) -> None:
+    """`--old-logprobs recompute`: the policy's own log-probs before the update stand in for the sampler's."""
+    _fill_logprobs(model, mbs, config, "old", False)
+
+
+def _fill_logprobs(model, mbs: list[MicroBatch], config: LossSettings, attr: str, disable_adapter: bool) -> None:
+    import contextlib
+
+    import torch
+
+    from atomcli.train.logprobs import sequence_logprobs
+    ctx = model.disable_adapter() if disable_adapter else contextlib.nullcontext()
+    with torch.no_grad(), ctx:
+        for mb in mbs:
+            setattr(mb, attr, sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.rows, mb.cols,
+                                                mb.targets, config.temperature)[0])
+
+
+def make_optimizer(model, lr: float, weight_decay: float = 0.0, state: dict | None = None, source: str = "-"):
+    """AdamW over the trainable parameters; `state` continues a saved run (lr/decay as given)."""
+    import torch
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if state is not None:
+        try:
+            optimizer.load_state_dict(state)
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise InputError(f"optimizer.pt does not match the model ({str(e).splitlines()[0][:120]})", file=source,
+                             hint="was it written with a different --lora setting or model?") from None
+        for g in optimizer.param_groups:  # the saved state keeps its moments; the flags set the schedule
+            g["lr"], g["weight_decay"] = lr, weight_decay
+    return optimizer
