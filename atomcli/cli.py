@@ -108,17 +108,25 @@ def _flag_params(cfg_cls, skip=()) -> list[inspect.Parameter]:
 
 
 def stage_command(name: str, module: str, config: str, args: list[tuple[str, str]], handler: Callable,
-                  extra: list[inspect.Parameter] = (), skip: tuple = (), help: str = ""):
-    """Register `atom NAME`: positional `args`, common options, then one flag per config field."""
+                  extra: list[inspect.Parameter] = (), skip: tuple = (), help: str = "",
+                  sections: tuple[str, ...] = ()):
+    """Register `atom NAME`: positional `args`, common options, then one flag per config field.
+
+    `sections`: other sections of --config handed to the stage whole, as the dict field of the same
+    name (eval rolls out with the file's [rollout] settings, exactly as run-all does)."""
     mod = importlib.import_module(f"atomcli.stages.{module}")
     cfg_cls = getattr(mod, config)
+    skip = tuple(skip) + tuple(sections)
 
     def impl(**kw):
         from atomcli import config as cfgmod
-        file_cfg = cfgmod.section(cfgmod.load_file(kw.pop("config_file")), name)
+        data = cfgmod.load_file(kw.pop("config_file"))
+        file_cfg = cfgmod.section(data, name)
         flags = {f.name: kw.pop(f.name) for f in dataclasses.fields(cfg_cls) if f.name not in skip}
         flags = {k: v for k, v in flags.items() if v is not None}
         cfg = cfgmod.build(cfg_cls, file_cfg, flags, source=f"[{name}] section")
+        if sections:
+            cfg = dataclasses.replace(cfg, **{sec: dict(cfgmod.section(data, sec)) for sec in sections})
         return handler(cfg, mod, **kw)
 
     params = [_param(a, Annotated[str, typer.Argument(help=h, show_default=False)]) for a, h in args]
@@ -220,7 +228,7 @@ stage_command("grpo-step", "grpo_step", "GRPOConfig", [("data", "Rewarded rollou
               _checkpoint_stage("grpo-step"),
               extra=[_param("out", Annotated[str, typer.Option("--out", "-o", help="New checkpoint folder.")])])
 stage_command("eval", "evaluate", "EvalConfig", [("input", "Answered rollouts, or questions with --model.")],
-              _eval_handler,
+              _eval_handler, sections=("rollout",),
               extra=[_param("out", Annotated[str, typer.Option("--out", "-o", help="Report JSON (`-` = stdout).")]),
                      _param("markdown", Annotated[Optional[str], typer.Option("--markdown", help="Also write a Markdown report.")], None),
                      _param("history", Annotated[Optional[str], typer.Option("--history", help="Append one JSON line per run (for cron).")], None),

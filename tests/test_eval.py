@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from conftest import atom
 
-from atomcli import plugins, schema
+from atomcli import plugins, schema, tableio
 from atomcli.context import Context
 from atomcli.errors import InputError
 from atomcli.stages import evaluate, evaluate_io, rollout
@@ -326,3 +326,41 @@ def test_eval_questions_with_a_real_rollout(tmp_path, request):
     assert rep["kind"] == "questions" and rep["n"] == 2 and rep["n_trajectories"] == 2
     assert rep["model"] == str(tiny_model) and list(rep["by_source"]) == ["toy"]
     assert 0.0 <= rep["overall"]["f1"] <= 1.0 and 1 <= rep["overall"]["mean_turns"] <= 2
+
+
+def test_eval_rollout_settings_come_from_the_rollout_section_and_a_fixed_date():
+    cfg = evaluate.EvalConfig(model="m", rollout={"k": 3, "max_turns": 4, "batch_size": 7, "temperature": 0.7})
+    r = evaluate.rollout_config(cfg)
+    assert (r.k, r.max_turns, r.batch_size, r.group_size, r.temperature) == (3, 4, 7, 1, 0.0)
+    assert r.date == evaluate.FIXED_DATE and r.model == "m" and r.search == "ddg"
+    r = evaluate.rollout_config(evaluate.EvalConfig(model="m", max_turns=2, search="local:x", greedy=False,
+                                                    rollout={"date": "2025-05-05", "temperature": 0.7}))
+    assert (r.max_turns, r.search, r.date, r.temperature) == (2, "local:x", "2025-05-05", 0.7)
+    with pytest.raises(InputError, match="unknown option"):
+        evaluate.rollout_config(evaluate.EvalConfig(model="m", rollout={"group": 3}))
+
+
+def test_two_evals_on_different_days_give_the_same_report(tmp_path, tiny_model, monkeypatch):
+    import datetime as dt
+
+    from atomcli.agent import format as agent_format
+    from atomcli.env import search_local
+    corpus = _write_jsonl(tmp_path / "corpus.jsonl", [
+        {"id": "d1", "title": "Paris", "contents": "Paris is the capital of France."}])
+    search_local.build_index(str(corpus), str(tmp_path / "index.sqlite"), context=Context(quiet=True))
+    questions = _write_jsonl(tmp_path / "q.jsonl", [
+        {"id": "a", "question": "Capital of France?", "golden_answers": ["Paris"], "data_source": "toy"}])
+    cfg = evaluate.EvalConfig(model=str(tiny_model), search=f"local:{tmp_path / 'index.sqlite'}",
+                              max_turns=2, max_new_tokens=8)
+    reports = []
+    for day in (dt.date(2026, 3, 1), dt.date(2027, 9, 9)):
+        class Day(dt.date):
+            @classmethod
+            def today(cls, d=day):
+                return d
+        monkeypatch.setattr(agent_format._dt, "date", Day)
+        rep = evaluate.run(tableio.read_table(str(questions)), cfg, Context(quiet=True))
+        reports.append({k: v for k, v in rep.items() if k != "time"})
+    assert reports[0] == reports[1] and reports[0]["rollout"]["date"] == evaluate.FIXED_DATE
+    # the control: with the date left to the clock, the prompt (and so the rollout) would differ by day
+    assert agent_format.system_prompt("") != agent_format.system_prompt("2026-01-01")

@@ -175,3 +175,16 @@ def test_question_hops_from_column_or_data_source():
     t = pa.table({"data_source": ["demo_3hop", "nq", None], "id": ["a", "b", "c"]})
     assert run_all.question_hops(t) == [3, 1, 1]
     assert run_all.question_hops(t.append_column("hops", pa.array([2, 2, None]))) == [2, 2, 1]
+
+
+def test_atom_eval_with_the_run_config_matches_run_alls_eval(quick_run, tmp_path):
+    """One eval path: `atom eval --model CKPT --config` with the run's sections gives run-all's numbers."""
+    settings = json.loads((quick_run / "config.json").read_text())
+    toml = tmp_path / "run.toml"
+    toml.write_text(run_all.to_toml({k: settings[k] for k in ("rollout", "eval") if k in settings}))
+    out = tmp_path / "sft.json"
+    atom("eval", quick_run / "eval" / "questions.parquet", "--model", quick_run / "sft", "--search",
+         settings["run-all"]["search"], "--config", toml, "--out", out, check=True, timeout=600)
+    mine, theirs = json.loads(out.read_text()), json.loads((quick_run / "eval" / "sft.json").read_text())
+    assert mine["per_question"] == theirs["per_question"] and mine["overall"] == theirs["overall"]
+    assert mine["rollout"] == theirs["rollout"] and mine["rollout"]["date"] == settings["rollout"]["date"]

@@ -27,10 +27,11 @@ a reply that is neither verdict) is counted in `judge_errors` and left out of
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from atomcli import schema
 from atomcli.config import opt, to_dict
@@ -39,6 +40,7 @@ from atomcli.rewards import metrics
 
 F1_VARIANTS = metrics.F1_VARIANTS
 UNKNOWN_SOURCE = "unknown"
+FIXED_DATE = "2026-01-01"  # the system prompt's date when nobody sets one: evals must not drift by day
 PER_QUESTION_KEYS = ("f1", "em", "cover_em")
 
 # Metrics averaged per question then over questions, in report order.
@@ -49,16 +51,54 @@ MEAN_KEYS = ("f1", "em", "cover_em", "format_error_rate", "mean_turns", "searche
 @dataclass
 class EvalConfig:
     model: str = opt("", "policy to roll out when INPUT holds questions only")
-    search: str = opt("ddg", "search SPEC for the rollout (with --model)")
+    search: str = opt("", "search SPEC for the rollout (with --model; default: the [rollout] section's, else ddg)")
     judge: str = opt("", "optional LLM judge SPEC for a correct/incorrect verdict next to F1")
     f1: str = opt(metrics.DEFAULT_F1, "F1 scorer: squad (SQuAD v1.1), hotpot (HotpotQA/FlashRAG), "
                                       "set (DeepResearcher); token = squad")
     greedy: bool = opt(True, "greedy decoding when rolling out")
-    max_turns: int = opt(10, "turn cap when rolling out")
-    max_new_tokens: int = opt(512, "token cap per turn when rolling out")
+    max_turns: int = opt(0, "turn cap when rolling out (0 = the [rollout] section's, else 10)")
+    max_new_tokens: int = opt(0, "token cap per turn when rolling out (0 = the [rollout] section's, else 512)")
+    date: str = opt(FIXED_DATE, "date stated in the system prompt when rolling out (fixed, so that an eval "
+                                "repeated on another day gives the same numbers; the [rollout] section's wins)")
     seed: int = opt(0, "random seed")
     limit: int = opt(0, "evaluate only the first N questions (0 = all)")
     judge_batch: int = opt(32, "prompts per judge call (one failing call loses at most this many verdicts)")
+    # the [rollout] settings (k, batch size, reader...) the questions are rolled out with; not a flag:
+    # `atom eval --config FILE` reads FILE's [rollout] section, run-all passes its own
+    rollout: dict = field(default_factory=dict)
+
+
+def rollout_config(config: EvalConfig):
+    """How eval rolls out questions: the [rollout] settings, then eval's own (one sample per question,
+    greedy unless --no-greedy, eval's model/search/caps/seed/date). run-all uses this very function."""
+    from atomcli import config as cfgmod
+    from atomcli.stages import rollout
+    base = cfgmod.build(rollout.RolloutConfig, config.rollout, source="[rollout] section")
+    over = {"model": config.model, "group_size": 1, "seed": config.seed,
+            "temperature": 0.0 if config.greedy else base.temperature}
+    if config.search:
+        over["search"] = config.search
+    if config.max_turns:
+        over["max_turns"] = config.max_turns
+    if config.max_new_tokens:
+        over["max_new_tokens"] = config.max_new_tokens
+    if not base.date:
+        over["date"] = config.date or FIXED_DATE
+    return dataclasses.replace(base, **over)
+
+
+def finish_report(table, config: EvalConfig, context, *, rolled_out: bool) -> dict:
+    """The report of an answered table: scores, judge verdicts, what was evaluated and how."""
+    report = score_table(table, config.f1)  # validates the table before any judge call is paid for
+    if config.judge:
+        report = score_table(table, config.f1, verdicts=judge_verdicts(table, config, context))
+    report["kind"] = "questions" if rolled_out else "rollouts"
+    report["model"] = config.model if rolled_out else _policies(table)
+    report["config"] = to_dict(config)
+    if rolled_out:
+        report["rollout"] = to_dict(rollout_config(config))
+    report["time"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return report
 
 
 def run(table, config: EvalConfig, context) -> dict:
@@ -82,14 +122,7 @@ def run(table, config: EvalConfig, context) -> dict:
         raise InputError("the input has no `answer` column: it holds questions, not answered rollouts",
                          column="answer", hint="pass --model M (and --search SPEC) to answer them, "
                                                "or give the output of `atom rollout`")
-    report = score_table(table, config.f1)  # validates the table before any judge call is paid for
-    if config.judge:
-        report = score_table(table, config.f1, verdicts=judge_verdicts(table, config, context))
-    report["kind"] = "questions" if rolled_out else "rollouts"
-    report["model"] = config.model if rolled_out else _policies(table)
-    report["config"] = to_dict(config)
-    report["time"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return report
+    return finish_report(table, config, context, rolled_out=rolled_out)
 
 
 # --- scoring (pure) ---------------------------------------------------------------------------
@@ -279,11 +312,10 @@ def _unique_ids(table) -> None:
 def _roll_out(questions, config: EvalConfig, context):
     from atomcli.stages import rollout
 
-    rcfg = rollout.RolloutConfig(model=config.model, search=config.search, group_size=1,
-                                 temperature=0.0 if config.greedy else 1.0, max_turns=config.max_turns,
-                                 max_new_tokens=config.max_new_tokens, seed=config.seed)
+    rcfg = rollout_config(config)
     context.log(f"eval: rolling out {config.model} on {questions.num_rows} questions "
-                f"({'greedy' if config.greedy else 'sampled'}, search {config.search})")
+                f"({'greedy' if config.greedy else 'sampled'}, search {rcfg.search}, k {rcfg.k}, "
+                f"{rcfg.max_turns} turns x {rcfg.max_new_tokens} tokens, date {rcfg.date})")
     answered = rollout.run(questions, rcfg, context)
     got = set(answered.column("id").to_pylist()) if "id" in answered.column_names else set()
     missing = [q for q in questions.column("id").to_pylist() if q not in got]

@@ -38,7 +38,7 @@ def run_to_files(mod, input_path: str, cfg, ctx, *, out: str, markdown: str | No
     name = "<stdin>" if input_path == "-" else input_path
     table = tableio.read_table(input_path)
     if cfg.model and "answer" not in table.column_names:
-        plugins.check_search_spec(cfg.search)
+        plugins.check_search_spec(mod.rollout_config(cfg).search)
     try:
         report = mod.run(table, cfg, ctx)
     except InputError as e:

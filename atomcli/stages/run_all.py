@@ -144,20 +144,26 @@ QUICK = {
 QUICK_WORLD = {"articles": 120, "train": 12, "test": 4, "sft": 6}
 
 
-def preset_toml(name: str) -> str:
-    """A preset written out as the TOML file `--config` reads (examples/<name>.toml is this text)."""
+def to_toml(settings: dict, header: list[str] = ()) -> str:
+    """Stage sections of flat scalar settings as the TOML text `--config` reads."""
     def value(v):
         if isinstance(v, bool):
             return "true" if v else "false"
         if isinstance(v, str):
             return json.dumps(v)
         return repr(v)
-    lines = [f"# The `{name}` preset of `atom run-all --demo` written out (generated from atomcli/run_all.py "
-             f"{name.upper()}; tests/test_run_all.py checks they agree).",
-             f"# Copy and edit:  atom run-all --demo --config examples/{name}.toml --out runs/mine"]
-    for sec, vals in PRESETS[name].items():
+    lines = [f"# {h}" for h in header]
+    for sec, vals in settings.items():
         lines += ["", f"[{sec}]"] + [f"{k} = {value(v)}" for k, v in vals.items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def preset_toml(name: str) -> str:
+    """A preset written out as the TOML file `--config` reads (examples/<name>.toml is this text)."""
+    return to_toml(PRESETS[name], [
+        f"The `{name}` preset of `atom run-all --demo` written out (generated from atomcli/stages/run_all.py "
+        f"{name.upper()}; tests/test_run_all.py checks they agree).",
+        f"Copy and edit:  atom run-all --demo --config examples/{name}.toml --out runs/mine"])
 
 
 def _merge(*layers: dict) -> dict:
@@ -191,8 +197,9 @@ class Run:
         self.score = cfgmod.build(ScoreConfig, {**sec("score-rrm"), "judge": self.cfg.judge}, source="[score-rrm]")
         self.aggregate = cfgmod.build(AggregateConfig, sec("aggregate-reward"), source="[aggregate-reward]")
         self.grpo = cfgmod.build(GRPOConfig, {**sec("grpo-step"), "seed": self.cfg.seed}, source="[grpo-step]")
-        self.eval = cfgmod.build(EvalConfig, {**sec("eval"), "search": self.cfg.search, "seed": self.cfg.seed},
-                                 source="[eval]")
+        # evals roll out exactly as `atom eval --config FILE` would: the [rollout] settings, then [eval]'s
+        self.eval = cfgmod.build(EvalConfig, {**sec("eval"), "search": self.cfg.search, "seed": self.cfg.seed,
+                                              "rollout": dict(sec("rollout"))}, source="[eval]")
         for name, val in (("train", self.cfg.train), ("test", self.cfg.test), ("search", self.cfg.search)):
             if not val:
                 raise InputError(f"run-all needs `{name}`", hint="set it in the [run-all] section of --config, or use --demo")
@@ -269,12 +276,12 @@ class Run:
             self._remember_first(transfer, name, report)
             return report
         questions = folder / "questions.parquet"
-        rcfg = dataclasses.replace(self.rollout, model=model, group_size=1, temperature=0.0,
-                                   max_turns=self.eval.max_turns, max_new_tokens=self.eval.max_new_tokens,
-                                   search=self.cfg.transfer_search if transfer else self.rollout.search)
+        ecfg = dataclasses.replace(self.eval, model=model,
+                                   search=self.cfg.transfer_search if transfer else self.eval.search)
         table_path = folder / f"{name}.parquet"
-        self.rollout_stage(rcfg, questions, table_path)
-        report = evaluate.score_table(self.read(table_path), self.eval.f1)
+        self.rollout_stage(evaluate.rollout_config(ecfg), questions, table_path)
+        # the eval stage's own report, from the same rollout settings `atom eval` uses
+        report = evaluate.finish_report(self.read(table_path), ecfg, self.ctx, rolled_out=True)
         report.update({"name": name, "model": model})
         vs = ""
         if first is not None and "per_question" in first[1]:
