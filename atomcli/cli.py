@@ -52,6 +52,9 @@ def _root(
 def _fail(code: int, msg: str):
     from rich.console import Console
     from rich.markup import escape
+    from atomcli.safety import redact_secrets, visible
+    # a message may quote a page, a model or a server: no live control characters, no key in a url
+    msg = visible(redact_secrets(msg))
     Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(msg)}")
     raise typer.Exit(code)
 
@@ -149,59 +152,29 @@ def _context():
     return Context()
 
 
-def _read(path: str, stage: str, columns=None):
-    from atomcli import schema, tableio
-    table = tableio.read_table(path)
-    schema.require(table, stage, "<stdin>" if path == "-" else path, columns)
-    return table
-
-
-def _located(e: InputError, path: str) -> InputError:
-    """A stage's error about a row or column names the input file (stages never see paths)."""
-    if e.row is None and e.column is None:
-        return e  # about a flag or a model, not about the table
-    return e.located(file="<stdin>" if path == "-" else path)
-
-
-def _write(table, out: str, fmt: str | None, stage: str, cfg, inherit=None, **prov):
-    from atomcli import tableio
-    tableio.write_stage(table, out, stage, cfg, inherit=inherit, fmt=fmt, **prov)
-
-
 def _table_stage(stage: str):
     """Handler for stages that map a table to a table."""
     def handler(cfg, mod, *, input: str, out: str, fmt: str | None):
-        # a stage whose needs depend on its flags (aggregate-reward --no-atr) says which columns
-        columns = mod.input_columns(cfg) if hasattr(mod, "input_columns") else None
-        table = _read(input, stage, columns)
-        ctx = _context()
-        try:
-            result = mod.run(table, cfg, ctx)
-        except InputError as e:
-            raise _located(e, input) from None
-        _write(result, out, fmt, stage, cfg, inherit=table)
+        from atomcli import envelope
+        envelope.table_to_table(stage, mod, cfg, input, out, _context(), fmt)
     return handler
 
 
 def _rollout_handler(cfg, mod, *, questions: str, out: str, fmt: str | None, resume: bool):
     from atomcli import plugins
     plugins.check_search_spec(cfg.search)
-    table = _read(questions, "rollout")
+    from atomcli import envelope
+    table = envelope.read_input(questions, "rollout")
     from atomcli.stages import rollout_io
-    rollout_io.run_to_file(mod, table, cfg, _context(), out=out, fmt=fmt, resume=resume)
+    rollout_io.run_to_file(mod, table, cfg, _context(), out=out, fmt=fmt, resume=resume, inputs=[questions])
 
 
 def _checkpoint_stage(stage: str):
     """Handler for stages that write a checkpoint folder (sft, grpo-step)."""
     def handler(cfg, mod, *, data: str, out: str):
-        from atomcli import checkpoint
-        table = _read(data, stage)
+        from atomcli import envelope
         ctx = _context()
-        try:
-            result = mod.run(table, cfg, ctx)
-        except InputError as e:
-            raise _located(e, data) from None
-        checkpoint.save(result, out, stage=stage, config=cfg, context=ctx)
+        envelope.table_to_checkpoint(stage, mod, cfg, data, out, ctx)
         ctx.log(f"[green]wrote[/] {out}")
     return handler
 
@@ -222,6 +195,8 @@ stage_command("rollout", "rollout", "RolloutConfig", [("questions", "FlashRAG qu
                   "--resume", help="Skip groups already in --out (after a crash or Ctrl-C).")], False)])
 stage_command("score-rrm", "score_rrm", "ScoreConfig", [("input", "Rollout table.")],
               _table_stage("score-rrm"), extra=[OUT_OPT, FMT_OPT])
+stage_command("score-ig", "score_ig", "IGConfig", [("input", "Rollout table (token columns and golden answers).")],
+              _table_stage("score-ig"), extra=[OUT_OPT, FMT_OPT])
 stage_command("aggregate-reward", "aggregate_reward", "AggregateConfig", [("input", "Scored rollout table.")],
               _table_stage("aggregate-reward"), extra=[OUT_OPT, FMT_OPT])
 stage_command("grpo-step", "grpo_step", "GRPOConfig", [("data", "Rewarded rollout table.")],

@@ -2,7 +2,9 @@
 
 Precedence is default < file < flags. Each stage owns a dataclass whose fields become its
 command-line flags (`group_size` -> `--group-size`); `help` text lives in field metadata.
-Unknown keys in a file fail with the list of valid ones.
+Unknown keys in a file fail with the list of valid ones, and so do unknown sections (a misspelled
+`[rolout]` would otherwise be ignored); `true` is not an integer; a setting that carries a
+credential inside a URL is refused (atomcli.safety.check_no_secret).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from typing import Any
 import tomllib
 
 from atomcli.errors import InputError
+
+# The sections a --config file may hold: the commands that read one (run-all reads them all).
+SECTIONS = ("run-all", "sft", "rollout", "score-rrm", "aggregate-reward", "grpo-step", "eval")
 
 
 def opt(default: Any, help: str, **meta) -> Any:
@@ -31,9 +36,22 @@ def load_file(path: str | None) -> dict:
     if not p.exists():
         raise InputError("config file not found", file=path)
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"invalid TOML ({e})", file=path, hint="sections are named after commands, e.g. [rollout]")
+    check_sections(data, path)
+    return data
+
+
+def check_sections(data: dict, origin: str | None = None) -> None:
+    """Every top-level key must be a known section (`grpo-step` or `grpo_step`), and a table."""
+    valid = set(SECTIONS) | {s.replace("-", "_") for s in SECTIONS}
+    for key, val in data.items():
+        if key not in valid:
+            raise InputError(f"unknown section `[{key}]`", file=origin,
+                             hint="valid sections: " + ", ".join(f"[{s}]" for s in SECTIONS))
+        if not isinstance(val, dict):
+            raise InputError(f"config entry `{key}` must be a table [{key}]", file=origin)
 
 
 def section(data: dict, name: str) -> dict:
@@ -72,8 +90,12 @@ def _coerce(cls, name: str, val: Any, origin: str) -> Any:
         return None
     if want is float and isinstance(val, int) and not isinstance(val, bool):
         return float(val)
-    if want in (int, float, str, bool) and not isinstance(val, want):
+    # bool is a subclass of int in Python: `group_size = true` would silently be 1
+    if want in (int, float, str, bool) and (not isinstance(val, want) or (want is not bool and isinstance(val, bool))):
         raise InputError(f"option `{name}` must be {want.__name__}, got {val!r}", file=origin if origin != "flags" else None)
+    if isinstance(val, str):
+        from atomcli.safety import check_no_secret
+        check_no_secret(val, f"option `{name}`")
     return val
 
 

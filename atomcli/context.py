@@ -29,7 +29,15 @@ class Context:
     def log(self, msg: str) -> None:
         """Human-readable progress; stderr only (stdout carries data)."""
         if not self.quiet:
-            self.console.print(msg)
+            from atomcli.safety import visible
+            self.console.print(visible(msg))  # messages may quote a page or a model: no live escapes
+
+    def log_first_error(self, what: str, errors) -> None:
+        """The first of a stage's recorded per-row errors, so a log shows what went wrong."""
+        first = next((e for e in errors if e), None)
+        if first:
+            from rich.markup import escape
+            self.log(f"[yellow]first {what} error:[/] {escape(first[:300])}")
 
     def cached(self, key: Any, make: Callable[[], Any]) -> Any:
         """Load something once per context (models, indexes, judges)."""

@@ -7,6 +7,12 @@ status concerns this one request: the caller's permanent error type), a cap on t
 the response (a server streaming more is broken or hostile, and reading it whole would hold
 it all in memory), and that the key never appears in a message: every message raised here
 passes through `redact`. Parsing the reply is the caller's business.
+
+Redirects: urllib would follow a 301/302/303 to any host as a GET *with the Authorization
+header*, and put that host's answer in our messages. Here no redirect is followed by urllib;
+a 307/308 to the same scheme, host and port (a trailing-slash redirect) is followed with the
+same POST, and any other redirect is a permanent error that names the other host only: the
+key goes to the configured host and nowhere else, and no other host's body is read.
 """
 
 from __future__ import annotations
@@ -15,9 +21,32 @@ import http.client
 import json
 import socket
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from atomcli import retry
+
+REDIRECT_CODES = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 3
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx comes back as HTTPError (handled in `post_json`) instead of being followed."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    p = urllib.parse.urlsplit(url)
+    try:
+        port = p.port or {"http": 80, "https": 443}.get(p.scheme.lower())
+    except ValueError:
+        port = None
+    return p.scheme.lower(), (p.hostname or "").lower(), port
 
 
 def post_json(url: str, body: bytes, *, key: str | None, timeout: float, max_bytes: int, what: str,
@@ -30,11 +59,38 @@ def post_json(url: str, body: bytes, *, key: str | None, timeout: float, max_byt
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
+    origin = _origin(url)
+    for _hop in range(MAX_REDIRECTS + 1):
+        target = _post_once(url, body, headers, timeout=timeout, max_bytes=max_bytes, what=what, key=key,
+                            permanent_error=permanent_error)
+        if isinstance(target, bytes):
+            return target
+        code, location = target
+        new = urllib.parse.urljoin(url, location)
+        if code in (307, 308) and _origin(new) == origin:
+            url = new  # same server, same method and body: the key stays where it was configured
+            continue
+        host = urllib.parse.urlsplit(new).netloc.rpartition("@")[2] or "(no host)"
+        why = f"to another server ({host})" if _origin(new) != origin else "that would turn the POST into a GET"
+        raise permanent_error(f"{what} answered HTTP {code}, a redirect {why}; not followed: the API key goes to "
+                              f"{origin[1]} only (set the base url to the server's real address)")
+    raise permanent_error(f"{what} redirected more than {MAX_REDIRECTS} times")
+
+
+def _post_once(url: str, body: bytes, headers: dict, *, timeout: float, max_bytes: int, what: str,
+               key: str | None, permanent_error: type[Exception]) -> bytes | tuple[int, str]:
+    """One POST: the body, or (status, Location) of a redirect, which is never followed here."""
     req = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with _OPENER.open(req, timeout=timeout) as resp:
             raw = resp.read(max_bytes + 1)
     except urllib.error.HTTPError as e:
+        if e.code in REDIRECT_CODES:
+            location = e.headers.get("Location") or ""
+            e.close()  # the redirecting response's body is never read
+            if not location:
+                raise permanent_error(f"HTTP {e.code} redirect from {what} without a Location header") from None
+            return e.code, location.strip()
         msg = redact(f"HTTP {e.code} from {what}: {_error_detail(e)}", key)
         if e.code == 429 or e.code >= 500:
             raise retry.ToolFault(msg, status=e.code,

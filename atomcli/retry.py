@@ -71,15 +71,24 @@ class RetryPolicy:
     def call(self, fn: Callable[..., T], *args, on_retry: Callable[[int, ToolFault], None] | None = None,
              **kwargs) -> T:
         """fn(*args, **kwargs), retrying ToolFault; the last ToolFault is re-raised."""
+        return self.call_by(None, fn, *args, on_retry=on_retry, **kwargs)
+
+    def call_by(self, deadline: float | None, fn: Callable[..., T], *args,
+                on_retry: Callable[[int, ToolFault], None] | None = None, **kwargs) -> T:
+        """`call`, but no retry starts, and no backoff sleeps, past `deadline` (time.monotonic()):
+        the last ToolFault is re-raised instead, so retries never stretch a caller's deadline."""
         for attempt in range(1, max(1, self.attempts) + 1):
             try:
                 return fn(*args, **kwargs)
             except ToolFault as fault:
                 if attempt >= self.attempts:
                     raise
+                wait = self.delay(attempt, fault)
+                if deadline is not None and time.monotonic() + wait >= deadline:
+                    raise
                 if on_retry is not None:
                     on_retry(attempt, fault)
-                self.sleep(self.delay(attempt, fault))
+                self.sleep(wait)
         raise AssertionError("unreachable")
 
 

@@ -62,12 +62,18 @@ COLUMNS: dict[str, Column] = {c.name: c for c in [
     Column("atr", pa.float64(), "score-rrm", "Atomic Thought Reward in [0,1]; null on judge error"),
     Column("rrm_judge", pa.string(), "score-rrm", "judge spec"),
     Column("rrm_error", pa.string(), "score-rrm", "judge failure, null when scored"),
+    Column("turn_ig", pa.list_(pa.float64()), "score-ig",
+           "per assistant turn: rise in the golden answer's probability (--ig prob) or log-prob; null on error"),
+    Column("ig", pa.float64(), "score-ig", "sum of turn_ig (the rise over the whole episode); null on error"),
+    Column("ig_error", pa.string(), "score-ig", "scoring failure, null when scored"),
     Column("f1", pa.float64(), "aggregate-reward", "token F1 against golden answers"),
     Column("em", pa.float64(), "aggregate-reward", "exact match"),
     Column("format_penalty", pa.float64(), "aggregate-reward", "-1 when ill formed, else 0"),
     Column("alpha", pa.float64(), "aggregate-reward", "weight of ATR at this step"),
     Column("reward", pa.float64(), "aggregate-reward", "alpha*atr + (1-alpha)*f1, or -1"),
     Column("advantage", pa.float64(), "aggregate-reward", "group-relative advantage"),
+    Column("turn_advantages", pa.list_(pa.float64()), "aggregate-reward",
+           "per assistant turn (--credit turn): what grpo-step gives that turn's sampled tokens"),
 ]}
 
 QUESTION_COLUMNS = ["id", "question", "golden_answers"]
@@ -78,11 +84,31 @@ TOKEN_COLUMNS = ["prompt_ids", "completion_ids", "loss_mask", "old_logprobs"]
 STAGE_INPUTS: dict[str, list[str]] = {
     "rollout": QUESTION_COLUMNS,
     "score-rrm": ["question", "messages", "traj_id"],
+    "score-ig": ["golden_answers", "prompt_ids", "completion_ids", "loss_mask", "traj_id"],
     "aggregate-reward": ["golden_answers", "group_id", "messages", "answer", "format_ok", "atr", "rrm_error"],
     "grpo-step": ["group_id", "prompt_ids", "completion_ids", "loss_mask", "old_logprobs", "advantage"],
     "sft": ["messages"],
     "eval": ["id", "golden_answers", "answer"],
 }
+
+
+# Columns whose nulls mean something (no answer, a scorer's recorded failure): never refused at entry.
+NULLABLE = ("answer", "atr", "rrm_error", "data_source", "turn_ig", "ig", "ig_error", "turn_advantages")
+
+
+def missing_golden(table: pa.Table, context=None, stage: str = "", consequence: str = "") -> list[int]:
+    """Rows whose `golden_answers` hold no usable answer (null, [], only nulls or blank strings).
+
+    Such a row can only score 0 (or, for cover-EM, match anything): `context` gets one warning
+    naming how many and the first, so that a silent 0 is never mistaken for a wrong answer."""
+    if "golden_answers" not in table.column_names:
+        return []
+    rows = [i for i, g in enumerate(table.column("golden_answers").to_pylist())
+            if not any(isinstance(a, str) and a.strip() for a in (g or []))]
+    if rows and context is not None:
+        context.log(f"[yellow]warning:[/] {stage + ': ' if stage else ''}{len(rows)} row(s) have no golden answer "
+                    f"(empty or null `golden_answers`; first: row {rows[0]})" + (f"; {consequence}" if consequence else ""))
+    return rows
 
 
 def owner_of(column: str) -> str:
@@ -107,7 +133,7 @@ def require(table: pa.Table, stage: str, source: str = "-", columns: Iterable[st
         if want is not None and not _compatible(got, want):
             raise InputError(f"column `{name}` has type {got}, expected {want}", file=source,
                              column=name, hint="was the table written by another tool?")
-        if want is not None and name not in ("answer", "atr", "rrm_error", "data_source"):
+        if want is not None and name not in NULLABLE:
             nulls = table.column(name).null_count
             if nulls:
                 row = next(i for i, v in enumerate(table.column(name).is_null().to_pylist()) if v)
@@ -120,7 +146,7 @@ def require(table: pa.Table, stage: str, source: str = "-", columns: Iterable[st
 # Stages whose rows must be distinct trajectories: a repeated `traj_id` (two rollout tables
 # concatenated, a row copied) would merge GRPO groups or count one trajectory twice. `sft`
 # and `eval` accept repeats (rollouts of several steps pooled for rejection sampling).
-UNIQUE_TRAJ_STAGES = ("score-rrm", "aggregate-reward", "grpo-step")
+UNIQUE_TRAJ_STAGES = ("score-rrm", "score-ig", "aggregate-reward", "grpo-step")
 
 
 def _check_unique(table: pa.Table, name: str, source: str) -> None:

@@ -28,6 +28,7 @@ from atomcli.agent.format import ToolCall  # noqa: E402
 from atomcli.context import Context  # noqa: E402
 from atomcli.env import search_local  # noqa: E402
 from atomcli.env.tools import ToolBox  # noqa: E402
+from atomcli import plugins  # noqa: E402
 
 
 class Delayed:
@@ -35,7 +36,11 @@ class Delayed:
 
     def __init__(self, inner, latency: float):
         self.inner, self.latency = inner, latency
-        self.name = self.cache_name = "fake-web"
+        self.name = "fake-web"
+        self.traits = plugins.SearchTraits("fake-web")
+
+    def read_local(self, url: str):
+        return None
 
     def search(self, query: str, k: int):
         time.sleep(self.latency)

@@ -35,6 +35,10 @@ LOGPROB = -0.25
 def _fake(arg, context, **_):
     class Backend:
         name = "fakeweb"
+        traits = plugins.SearchTraits("fakeweb")
+
+        def read_local(self, url):
+            return None
 
         def search(self, query, k):
             return [{"title": f"{query} page", "url": "https://example.org/a", "snippet": "born in Paris"}]

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from atomcli.agent import format as agent_format
 from atomcli.env import reader
-from atomcli.rewards import metrics
+from atomcli.rewards import metrics, rrm_prompt
 
 # --- the linear parsers are the regexes they replaced ----------------------------------------------
 from atomcli.stages import evaluate, score_rrm
@@ -100,7 +100,7 @@ def _old_parse_scores(reply, n):
             obj, _ = decoder.raw_decode(reply, pos)
         except (ValueError, RecursionError):
             obj = None
-        if isinstance(obj, list) and len(obj) == n and all(score_rrm._is_number(x) for x in obj):
+        if isinstance(obj, list) and len(obj) == n and all(rrm_prompt._is_number(x) for x in obj):
             found = obj
         pos = reply.find("[", pos + 1)
     if found is None or not all(0 <= x <= 10 for x in found):
@@ -116,7 +116,7 @@ judge_reply = st.lists(st.sampled_from(REPLY_BITS) | st.text(max_size=3), max_si
 @settings(max_examples=1500, deadline=None)
 @given(reply=judge_reply, n=st.integers(1, 3))
 def test_linear_parse_scores_agrees_with_decoding_from_every_bracket(reply, n):
-    assert score_rrm.parse_scores(reply, n) == _old_parse_scores(reply, n)
+    assert rrm_prompt.parse_scores(reply, n) == _old_parse_scores(reply, n)
 
 
 # --- tool calls: any JSON in, a bounded call or an error out -------------------------------------

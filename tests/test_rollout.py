@@ -54,6 +54,10 @@ def loaded(tiny_model):
 def _fake_search(arg, context, **_):
     class Backend:
         name = "fakesearch"
+        traits = plugins.SearchTraits("fakesearch")
+
+        def read_local(self, url):
+            return None
 
         def search(self, query, k):
             return [{"title": f"About {query} {i}", "url": f"https://example.org/{i}", "snippet": "é snippet"}

@@ -138,9 +138,13 @@ def test_kill_then_resume_matches_uninterrupted(quick_run, tmp_path):
 
 
 def test_existing_folder_needs_resume(tmp_path):
+    (tmp_path / "atom_run.json").write_text("{}")  # a run folder (run-all's marker)
     (tmp_path / "x").write_text("1")
     p = atom("run-all", "--demo", "--quick", "--out", tmp_path)
     assert p.returncode == 2 and b"--resume" in p.stderr
+    (tmp_path / "atom_run.json").unlink()  # a folder run-all did not make: --resume would be refused too
+    p = atom("run-all", "--demo", "--quick", "--out", tmp_path)
+    assert p.returncode == 2 and b"--resume" not in p.stderr
 
 
 # --- presets and the curriculum -------------------------------------------------------------------

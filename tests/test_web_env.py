@@ -28,6 +28,7 @@ from atomcli.env import fetch
 from atomcli.env.cache import Cache, normalize_query, normalize_url
 from atomcli.env.fetch import Fetcher, FetchLimits, Guard, Refused, why_forbidden
 from atomcli.env.tools import NOTHING_NEW, ToolBox
+from atomcli.errors import InputError
 from atomcli.retry import RateLimiter, RetryPolicy, ToolFault, parse_retry_after
 
 BIG = 50 * 1024 * 1024
@@ -410,6 +411,10 @@ def test_toolbox_never_raises(monkeypatch):
 
     class Broken:
         name = "broken"
+        traits = plugins.SearchTraits("broken")
+
+        def read_local(self, url):
+            return None
 
         def search(self, query, k):
             raise KeyError("index corrupted")
@@ -597,6 +602,7 @@ def test_local_documents_are_read_from_the_backend(monkeypatch, no_network):
 
     class Local:
         name = "local"
+        traits = plugins.SearchTraits("local", local_documents=True)
 
         def search(self, query, k):
             return [{"title": "Doc", "url": "local://doc/7", "snippet": "s"}]
@@ -740,3 +746,48 @@ def test_deflate_bodies_zlib_wrapped_or_raw_are_decoded(wbits):
     for i in range(0, len(data), 7):  # arrives in small pieces
         body.feed(data[i:i + 7])
     assert body.bytes() == b"deflated words " * 1000 and not body.truncated
+
+
+def test_a_backend_must_declare_the_protocol(monkeypatch):
+    from atomcli import plugins
+
+    class Bare:  # search() alone: the ToolBox would have to guess its cache name, rate limit, pages
+        name = "bare"
+
+        def search(self, query, k):
+            return []
+
+    monkeypatch.setitem(plugins.SEARCH, "bare", lambda arg, ctx, **o: Bare())
+    with pytest.raises(InputError, match="does not implement atomcli.plugins.SearchBackend"):
+        toolbox("bare")
+
+
+def test_search_options_reach_the_backend(monkeypatch):
+    from atomcli import plugins
+    seen = {}
+
+    def factory(arg, ctx, **options):
+        seen.update(options)
+        return _OptionBackend()
+
+    monkeypatch.setitem(plugins.SEARCH, "opts", factory)
+    assert plugins.parse_options("region=de-de, rate=1.5,burst=3,verbose=true") == {
+        "region": "de-de", "rate": 1.5, "burst": 3, "verbose": True}
+    ToolBox("opts", Context(quiet=True), search_options=plugins.parse_options("region=de-de,rate=2"))
+    assert seen == {"region": "de-de", "rate": 2}
+    with pytest.raises(InputError, match="KEY=VALUE"):
+        plugins.parse_options("region")
+
+
+class _OptionBackend:
+    name = "opts"
+
+    def __init__(self):
+        from atomcli import plugins
+        self.traits = plugins.SearchTraits("opts", rate_limit=2.0)
+
+    def search(self, query, k):
+        return []
+
+    def read_local(self, url):
+        return None

@@ -148,6 +148,7 @@ def test_llm_reader_batches_pages_and_keeps_memory_across_calls():
 def test_policy_reader_through_the_toolbox(monkeypatch):
     class Local:
         name = "local"
+        traits = plugins.SearchTraits("local", local_documents=True)
 
         def search(self, query, k):
             return []
@@ -168,6 +169,7 @@ def test_policy_reader_through_the_toolbox(monkeypatch):
 def test_judge_reader_is_loaded_lazily_and_failures_become_observations(monkeypatch):
     class Local:
         name = "local"
+        traits = plugins.SearchTraits("local", local_documents=True)
 
         def search(self, query, k):
             return []

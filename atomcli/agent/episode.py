@@ -3,9 +3,10 @@
 `Chat` renders conversations with the policy's chat template and measures the glue text
 between renderings; `Episode` holds one trajectory's messages and exact token columns;
 `Agent` drives episodes turn by turn: it builds the engine request, absorbs the sampled ids
-(mask 1, with their log-probs), and appends what the environment inserts (mask 0). The
-rollout stage batches many episodes through an engine and the tools; everything here is
-plain data and a tokenizer, so it is tested without a model.
+(mask 1, with their log-probs), and appends what the environment inserts (mask 0);
+`turn_spans` reads the turns back from a `loss_mask`. The rollout stage batches many
+episodes through an engine and the tools; everything here is plain data and a tokenizer,
+so it is tested without a model.
 """
 
 from __future__ import annotations
@@ -24,6 +25,24 @@ def turn_seed(seed: int, traj_id: str, turn: int) -> int:
     h = hashlib.sha256(f"{seed}\x00{traj_id}\x00{turn}".encode()).digest()
     return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
+
+
+def turn_spans(loss_mask) -> list[tuple[int, int]]:
+    """[start, end) of every run of 1s in a `loss_mask`: the tokens one assistant turn sampled.
+
+    Turns are separated by what the environment inserted (mask 0: the end-of-turn glue, the
+    tool response, the next turn's opening), so run k is assistant turn k. This is how
+    `score-ig` finds where a turn ends and how `grpo-step` gives each token its turn's advantage."""
+    spans, start = [], None
+    for j, m in enumerate(loss_mask):
+        if m and start is None:
+            start = j
+        elif not m and start is not None:
+            spans.append((start, j))
+            start = None
+    if start is not None:
+        spans.append((start, len(loss_mask)))
+    return spans
 
 
 # --- chat-template arithmetic ---------------------------------------------------------------

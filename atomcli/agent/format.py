@@ -3,7 +3,8 @@
 One assistant turn is `<think>…atomic thoughts…</think>` followed by exactly one of
 `<tool_call>{json}</tool_call>` or `<answer>short answer</answer>`. Every parser here is
 total: it never raises on model output, it returns a defined result (and an error message
-the model can read, for malformed tool calls).
+the model can read, for malformed tool calls). `forced_answer_turn` is the answer turn
+`score-ig` teacher-forces to measure how likely the policy finds the golden answer.
 """
 
 from __future__ import annotations
@@ -222,6 +223,20 @@ def atomic_thoughts(text: str) -> list[tuple[str, str]]:
         elif think.strip():
             out.append(("THINK", think.strip()))
     return out
+
+
+#: The thought of the answer turn that `score-ig` teacher-forces after a context (IGPO's fixed
+#: "Now there's enough information to answer", written as one of our atomic thoughts).
+FORCED_ANSWER_THOUGHT = "<REFLECTION>I have enough information to answer.</REFLECTION>"
+
+
+def forced_answer_turn(answer: str) -> tuple[str, tuple[int, int]]:
+    """A well-formed answer turn, `<think>…</think><answer>ANSWER</answer>`, and the character span of ANSWER in it.
+
+    It is what the policy writes after an assistant turn opens (the template's end-of-turn
+    text follows it): the thought is closed, the answer tag opened, the answer, the tag closed."""
+    head = f"<think>{FORCED_ANSWER_THOUGHT}</think><answer>"
+    return f"{head}{answer}</answer>", (len(head), len(head) + len(answer))
 
 
 def trajectory_format_ok(messages: list[dict]) -> bool:

@@ -31,7 +31,7 @@ import importlib.resources
 import json
 from pathlib import Path
 
-from atomcli.errors import InputError, unknown_choice
+from atomcli.errors import unknown_choice
 
 NAMES = ("sqlite",)
 _PACKAGE_DIR = {"sqlite": "sqlite_docs"}
@@ -109,9 +109,8 @@ def build(name: str, out_dir: Path, *, context=None) -> dict:
 
     corpus, questions = load(name)  # raises the usage error for an unknown name first
     dest = Path(out_dir)
-    if dest.exists() and (not dest.is_dir() or (any(dest.iterdir()) and not (dest / "corpus.jsonl").exists())):
-        raise InputError("exists and is not a demo-world folder; refusing to replace it", file=str(out_dir),
-                         hint="choose a new --out folder")
+    from atomcli import safety
+    safety.check_output(dest, safety.DEMO_WORLD)  # never replaces a folder that is not a demo world
     problems = verify(questions, corpus)
     if problems:  # packaged data, not user input: a broken package is a runtime failure
         raise RuntimeError(f"the packaged `{name}` benchmark fails verification: {problems[0]}"

@@ -654,9 +654,8 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
     if sft > train:
         raise InputError(f"--sft {sft} exceeds --train {train}", hint="SFT questions come from the train split only")
     dest = Path(out)
-    if dest.exists() and (not dest.is_dir() or (any(dest.iterdir()) and not (dest / "corpus.jsonl").exists())):
-        raise InputError("exists and is not a demo-world folder; refusing to replace it", file=out,
-                         hint="choose a new --out folder")
+    from atomcli import safety
+    safety.check_output(dest, safety.DEMO_WORLD)  # never replaces a folder that is not a demo world
     world, train_q, test_q = generate(seed, articles, train, test)
     docs = render_articles(world, seed)
     config = {"seed": seed, "articles": articles, "train": train, "test": test, "sft": sft, "k": SFT_K,

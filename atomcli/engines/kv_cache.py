@@ -67,6 +67,16 @@ class GrowLayer(DynamicLayer):
         self._expose()
         return self.keys, self.values
 
+    def rewind(self, length: int) -> None:
+        """Keep the first `length` slots; the next update writes from there, over what followed.
+
+        `score-ig` scores answers after ever shorter prefixes of one sequence this way: no copy,
+        and the slots a shorter prefix needs are never the ones overwritten."""
+        self._sync()
+        self._n = max(0, min(self._n, length))
+        if self._k is not None:
+            self._expose()
+
     def get_seq_length(self) -> int:
         self._sync()
         return self._n

@@ -52,6 +52,8 @@ class RequestError(Exception):
 
 def parse_spec(spec: str) -> tuple[str, str]:
     """`openai:BASE_URL#MODEL` -> (completions url, model)."""
+    from atomcli.safety import check_no_secret
+    check_no_secret(spec, "model SPEC")  # the SPEC is stored (policy column, provenance): no key in it
     arg = spec[len("openai:"):] if spec.startswith("openai:") else spec
     base_url, sep, model = arg.rpartition("#")
     parts = urllib.parse.urlsplit(base_url)

@@ -74,6 +74,11 @@ class Cache:
         if must_exist and not os.path.exists(self.path):
             raise InputError("cache file not found", file=self.path,
                              hint="replay serves a cache recorded by an earlier run with --cache")
+        # a file that is something else (the search index, a table) is refused before anything
+        # writes to it: opening it below would switch its journal mode and add our tables
+        from atomcli.safety import CACHE_TABLES, check_sqlite_file
+        check_sqlite_file(self.path, CACHE_TABLES, "an atomcli tool cache",
+                          hint="give --cache a new file name or a cache written by an earlier --cache run")
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()

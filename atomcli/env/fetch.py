@@ -9,7 +9,10 @@ Browse URLs come from model output, so every request is treated as hostile input
   redirect it;
 - redirects are followed here, hop by hop, each hop checked again, at most `max_redirects`;
 - connect/read timeouts plus a deadline for the whole fetch (a server that trickles one byte
-  a second defeats a per-read timeout alone);
+  a second defeats a per-read timeout alone). The deadline holds at every stage, connecting,
+  the TLS handshake, the status line and headers included: a watchdog shuts the socket down
+  when it passes, whatever the server sends (`_Watchdog`). A caller's own deadline
+  (`get(url, deadline=...)`, the ToolBox's per-url one, retries included) can only shorten it;
 - a byte cap on what is read and, separately, on what gzip/deflate decompress to (a 100 KB
   gzip bomb can expand to gigabytes);
 - binary content (PDF, images, archives, ...) is refused before its body is read.
@@ -30,6 +33,7 @@ import ipaddress
 import re
 import socket
 import ssl
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -205,14 +209,62 @@ class Guard:
 
 # --- the client ---------------------------------------------------------------------------------
 
-def _connect(target: Target, limits: FetchLimits, tls: ssl.SSLContext | None) -> socket.socket:
+class _Watchdog:
+    """Shuts the watched socket down at the deadline, so that no read or handshake outlives it.
+
+    Timeouts bound each socket operation, not their sum: a server that sends one byte of its
+    status line or headers every few seconds never trips a per-read timeout. At the deadline
+    the socket is shut down (the raw socket, also under TLS) and any blocked read returns."""
+
+    def __init__(self, deadline: float):
+        self.fired = False
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.fired:
+                self._shut(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            if self._sock is not None:
+                self._shut(self._sock)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        try:
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the fd itself, not SSLSocket's unwrap
+        except OSError:
+            pass
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _left(deadline: float | None, cap: float) -> float:
+    """A socket timeout: `cap`, or less when the deadline is nearer (never 0, which means non-blocking)."""
+    if deadline is None:
+        return cap
+    return max(0.001, min(cap, deadline - time.monotonic()))
+
+
+def _connect(target: Target, limits: FetchLimits, tls: ssl.SSLContext | None,
+             watchdog: _Watchdog | None = None, deadline: float | None = None) -> socket.socket:
     """A socket to one of the checked addresses (never re-resolving the name)."""
     last: Exception | None = None
     for addr in target.addresses:
         # a raw socket to the literal address: no name lookup can happen after the check
         family = socket.AF_INET6 if ":" in addr else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.settimeout(limits.connect_timeout)
+        if watchdog is not None:
+            watchdog.watch(sock)
+        sock.settimeout(_left(deadline, limits.connect_timeout))
         try:
             sock.connect((addr, target.port))
         except OSError as e:
@@ -238,13 +290,17 @@ def _connect(target: Target, limits: FetchLimits, tls: ssl.SSLContext | None) ->
 class _PinnedConnection(http.client.HTTPConnection):
     """http.client with the socket made by `_connect`; Host header and TLS name stay the url's host."""
 
-    def __init__(self, target: Target, limits: FetchLimits, tls: ssl.SSLContext | None):
+    def __init__(self, target: Target, limits: FetchLimits, tls: ssl.SSLContext | None,
+                 watchdog: _Watchdog | None = None, deadline: float | None = None):
         super().__init__(target.host, target.port, timeout=limits.connect_timeout)
         self._target, self._limits, self._tls = target, limits, tls
+        self._watchdog, self._deadline = watchdog, deadline
 
     def connect(self):
-        self.sock = _connect(self._target, self._limits, self._tls)
-        self.sock.settimeout(self._limits.read_timeout)
+        self.sock = _connect(self._target, self._limits, self._tls, self._watchdog, self._deadline)
+        if self._watchdog is not None:
+            self._watchdog.watch(self.sock)
+        self.sock.settimeout(_left(self._deadline, self._limits.read_timeout))
         # http.client drops self.sock once a `Connection: close` response owns it; the body
         # reader still needs the socket to tighten its timeout toward the deadline
         self.pinned_sock = self.sock
@@ -324,24 +380,39 @@ class Fetcher:
         self.limits = limits or FetchLimits()
         self._tls = tls or ssl.create_default_context()  # `tls`: e.g. a context trusting a private CA
 
-    def get(self, url: str) -> Response:
+    def get(self, url: str, deadline: float | None = None) -> Response:
+        """GET `url` within `total_timeout`, or by `deadline` (time.monotonic()) when that is sooner."""
         lim = self.limits
-        deadline = time.monotonic() + lim.total_timeout
+        own = time.monotonic() + lim.total_timeout
+        deadline = own if deadline is None else min(deadline, own)
+        late = ToolFault(f"page took longer than {lim.total_timeout:g} s to download")
         for _hop in range(lim.max_redirects + 1):
+            if time.monotonic() >= deadline:
+                raise late
             target = self.guard.check(url)
-            conn = _PinnedConnection(target, lim, self._tls if target.scheme == "https" else None)
+            watchdog = _Watchdog(deadline)
+            conn = _PinnedConnection(target, lim, self._tls if target.scheme == "https" else None,
+                                     watchdog, deadline)
             try:
                 status, location, resp = self._request(conn, target, url, deadline)
-                if location is None:
-                    return resp
+            except (ToolFault, FetchError) as e:
+                if watchdog.fired:  # whatever the read saw, the deadline cut it
+                    raise late from e
+                raise
             finally:
+                watchdog.cancel()
                 conn.close()
+            if watchdog.fired:  # the body may have been cut by the shutdown: never a whole page
+                raise late
+            if location is None:
+                return resp
             url = urljoin(url, location)
         raise FetchError(f"too many redirects (more than {lim.max_redirects})")
 
     def _request(self, conn, target: Target, url: str, deadline: float):
         lim = self.limits
         try:
+            conn.timeout = _left(deadline, lim.connect_timeout)
             conn.request("GET", target.path, headers={
                 "User-Agent": lim.user_agent, "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5",
                 "Accept-Encoding": "gzip, deflate", "Connection": "close"})

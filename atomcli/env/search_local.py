@@ -101,6 +101,9 @@ def build_index(corpus_path: str, out: str, *, engine: str = "fts5", impacts: bo
         raise unknown_choice("index engine", engine, ENGINES)
     if out == "-":
         raise InputError("an index cannot be written to stdout", hint="give --out a file name, e.g. index.sqlite")
+    from atomcli import safety
+    # never over the corpus, a folder, or a file that is not an index (a cache, a table)
+    safety.check_output(out, safety.INDEX, inputs=[corpus_path])
     name = "<stdin>" if corpus_path == "-" else corpus_path
     log = context.log if context is not None else (lambda m: None)
     t0 = time.perf_counter()
@@ -271,6 +274,7 @@ class LocalIndex:
     def __init__(self, path: str):
         self.path = path
         self.name = f"local:{path}"
+        self.traits = plugins.SearchTraits(self.name, local_documents=True)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()

@@ -12,7 +12,7 @@ import re
 
 from atomcli.env.cache import Cache, normalize_query
 from atomcli.errors import InputError
-from atomcli.plugins import register_search
+from atomcli.plugins import SearchTraits, register_search
 from atomcli.retry import ToolFault
 
 SAFESEARCH = ("on", "moderate", "off")
@@ -31,9 +31,11 @@ class DDGSearch:
         if safesearch not in SAFESEARCH:
             raise InputError(f"unknown safesearch `{safesearch}`", hint="valid: " + ", ".join(SAFESEARCH))
         self.region, self.safesearch, self.timeout = region, safesearch, timeout
-        self.rate_limit, self.burst = rate, 3
         # results differ by region and safe-search: they are different sources in the cache
-        self.cache_name = f"ddg/{region}/{safesearch}"
+        self.traits = SearchTraits(f"ddg/{region}/{safesearch}", rate_limit=rate, burst=3)
+
+    def read_local(self, url: str) -> None:
+        return None  # the web's pages are fetched, never held
 
     def search(self, query: str, k: int) -> list[dict]:
         from ddgs import DDGS
@@ -92,12 +94,14 @@ class ReplaySearch:
     """`replay:CACHE`: every search (and, in the ToolBox, every page) comes from the cache file;
     anything not recorded is an explicit "not recorded" error, never a network call."""
     name = "replay"
-    replay = True
 
     def __init__(self, cache_path: str, source: str | None = None):
         self.cache_path, self.source = cache_path, source
         self.cache = Cache(cache_path, must_exist=True)
-        self.cache_name = source or "replay"
+        self.traits = SearchTraits(source or "replay", replay_cache=cache_path, replay_source=source)
+
+    def read_local(self, url: str) -> None:
+        return None  # pages come from the replay cache (the ToolBox's replay mode)
 
     def search(self, query: str, k: int) -> list[dict]:
         entry = recorded_search(self.cache, query, k, self.source)

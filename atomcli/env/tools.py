@@ -88,22 +88,21 @@ class ToolBox:
         self.reader_spec = reader
         self._reader = self._make_reader_if_cheap(reader, reader_fn, context)  # bad names fail first
         self.backend = context.search(search_spec, **(search_options or {})) if search_spec else None
-        self.replay = bool(replay or getattr(self.backend, "replay", False))
-        if getattr(self.backend, "replay", False):
-            if cache and cache != self.backend.cache_path:
+        traits = self.backend.traits if self.backend else None
+        self.replay = bool(replay or (traits and traits.replay_cache))
+        if traits and traits.replay_cache:
+            if cache and cache != traits.replay_cache:
                 raise InputError(f"`{search_spec}` and --cache {cache} name different files", hint="give one of them")
-            cache = self.backend.cache_path
-            self.replay_source = getattr(self.backend, "source", None)
+            cache = traits.replay_cache
+            self.replay_source = traits.replay_source
         else:
-            self.replay_source = getattr(self.backend, "cache_name", getattr(self.backend, "name", None))
+            self.replay_source = traits.cache_name if traits else None
         if self.replay and not cache:
             raise InputError("replay needs a recorded cache", hint="add --cache FILE or use --search replay:FILE")
         self.cache = Cache(cache, ttl=cache_ttl, must_exist=self.replay) if cache else None
         self.fetcher = Fetcher(allow_hosts, limits)
         self.retry = retry or RetryPolicy()
-        name = getattr(self.backend, "name", "")
-        self._search_limiter = limiter(name, getattr(self.backend, "rate_limit", None),
-                                       getattr(self.backend, "burst", 1)) if self.backend else None
+        self._search_limiter = limiter(self.backend.name, traits.rate_limit, traits.burst) if self.backend else None
         self._browse_limiter = limiter(WEB_SOURCE, browse_rate, 3)
         self._memories: OrderedDict[str, Memory] = OrderedDict()
         self._lock = threading.Lock()
@@ -203,7 +202,7 @@ class ToolBox:
                           cached=all(o.cached for o in outcomes), data=data)
 
     def _search_one(self, query: str) -> _Outcome:
-        key, source = normalize_query(query), getattr(self.backend, "cache_name", self.backend.name)
+        key, source = normalize_query(query), self.backend.traits.cache_name
         if self.replay:
             entry = recorded_search(self.cache, query, self.k, self.replay_source)
             if entry is None:
@@ -268,8 +267,8 @@ class ToolBox:
             if entry is None:
                 return _Outcome(url, error="not recorded: this url was not browsed in the recorded run")
             return _Outcome(url, entry.get("text"), entry.get("error"), cached=True)
-        read_local = getattr(self.backend, "read_local", None)
-        local_source = getattr(self.backend, "cache_name", getattr(self.backend, "name", "local"))
+        read_local = self.backend.read_local if self.backend is not None and self.backend.traits.local_documents else None
+        local_source = self.backend.traits.cache_name if self.backend is not None else "local"
         if self.cache is not None:
             for source in ((local_source, WEB_SOURCE) if read_local else (WEB_SOURCE,)):
                 entry = self.cache.get_fresh("page", key, source)
@@ -281,7 +280,9 @@ class ToolBox:
             if text is not None:
                 source = local_source
             else:
-                resp = self.retry.call(self._fetch_live, url)
+                # one deadline for the url, retries included: a worker never waits past it
+                deadline = time.monotonic() + self.fetcher.limits.total_timeout
+                resp = self.retry.call_by(deadline, self._fetch_live, url, deadline)
                 text = page_text(resp)
         except Exception as e:
             err = _describe(e)
@@ -292,7 +293,7 @@ class ToolBox:
             self.cache.put("page", key, source, {"text": text})
         return _Outcome(url, text)
 
-    def _fetch_live(self, url: str):
+    def _fetch_live(self, url: str, deadline: float | None = None):
         if self._browse_limiter is not None:
             self._browse_limiter.acquire()
-        return self.fetcher.get(url)
+        return self.fetcher.get(url, deadline=deadline)

@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import math
 import re
 from dataclasses import dataclass, field
 
-from atomcli import schema
+from atomcli import schema, stats
 from atomcli.config import opt, to_dict
 from atomcli.errors import InputError
 from atomcli.rewards import metrics
@@ -146,9 +145,9 @@ def score_table(table, f1_variant: str = metrics.DEFAULT_F1, *, verdicts: list |
 
     questions: dict[str, dict] = {}  # id -> {"source", "gold", "row", "samples": [per-row dict]}
     for i, (qid, gold, answer) in enumerate(zip(ids, golds, answers)):
-        gold = [g for g in gold if g is not None]
+        gold = [g for g in gold or [] if g is not None and str(g).strip()]  # "" would match any answer (cover-EM)
         if not gold:
-            raise InputError("empty `golden_answers`", row=i, column="golden_answers",
+            raise InputError("empty `golden_answers` (no non-blank answer)", row=i, column="golden_answers",
                              hint="every question needs at least one accepted answer")
         source = sources[i] if sources[i] is not None else UNKNOWN_SOURCE
         q = questions.get(qid)
@@ -201,8 +200,7 @@ def _row_metrics(i: int, answer, gold, variant: str, get: dict, verdicts) -> dic
 
 
 def _mean(values) -> float | None:
-    vals = [float(v) for v in values if v is not None]
-    return math.fsum(vals) / len(vals) if vals else None
+    return stats.mean(values)
 
 
 def _bucket(questions: list[dict], judged: bool) -> dict:

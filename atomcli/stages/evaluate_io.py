@@ -32,6 +32,10 @@ def run_to_files(mod, input_path: str, cfg, ctx, *, out: str, markdown: str | No
     """Read INPUT, evaluate, write the reports; returns the report."""
     if out == "-" and markdown == "-":
         raise InputError("--out and --markdown cannot both be `-` (stdout)", hint="give one of them a file name")
+    from atomcli import safety
+    # the reports never land on the input, the baseline, the model folder or each other
+    safety.check_outputs({"--out": out, "--markdown": markdown, "--history": history},
+                         inputs=[input_path, compare, getattr(cfg, "model", None)])
     baseline = read_baseline(compare, cfg.f1) if compare else None  # a bad baseline fails before any rollout
     if cfg.judge:  # unknown names fail before any data or model loads
         plugins.check_judge_spec(cfg.judge)

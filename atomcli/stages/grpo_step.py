@@ -8,7 +8,10 @@ template glue are context, never targets. Per scored token:
     loss = -min(r·A, clip(r, 1-eps, 1+eps_high)·A) + beta·k3 - entropy_coef·H
     k3   = exp(ref - logp) - (ref - logp) - 1
 
-aggregated as a token-mean over the whole batch (default) or a mean over trajectories of
+A is the row's `advantage`, or, when the table has `turn_advantages` (aggregate-reward
+--credit turn), the advantage of the assistant turn the token belongs to: turn k is the k-th
+run of 1s in `loss_mask`, and a row whose `turn_advantages` is null falls back to `advantage`.
+Aggregated as a token-mean over the whole batch (default) or a mean over trajectories of
 per-trajectory token means. Micro-batches accumulate gradients weighted by the *global*
 token (or trajectory) count, so the gradient equals the full-batch gradient whatever the
 micro-batch size or the number of processes. Under torchrun / accelerate launch (WORLD_SIZE
@@ -29,6 +32,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from atomcli.agent.episode import turn_spans
 from atomcli.config import opt
 from atomcli.errors import InputError, unknown_choice
 from atomcli.train.grpo import (Batch, LossSettings, Trajectory, fill_old_logprobs, fill_ref_logprobs, grpo_update,
@@ -43,7 +47,10 @@ class GRPOConfig:
     beta: float = opt(0.001, "KL coefficient (k3 estimator); 0 disables the reference model")
     clip_eps: float = opt(0.2, "lower clip epsilon")
     clip_eps_high: float = opt(0.2, "upper clip epsilon (DAPO clip-higher when > clip-eps)")
-    entropy_coef: float = opt(0.0, "entropy bonus coefficient")
+    entropy_coef: float = opt(0.0, "entropy bonus coefficient. DeepResearcher's published 7B config uses 0.001; "
+                                   "the default is 0 because any entropy term makes every zero-advantage row "
+                                   "carry gradient (no skipping of zero-variance groups); entropy is logged every "
+                                   "step so a collapse shows; set 0.001 to follow the paper")
     loss_agg: str = opt("token-mean", "loss aggregation: token-mean or seq-mean")
     micro_batch: int = opt(4, "trajectories per forward/backward (gradient accumulation)")
     epochs: int = opt(1, "updates per batch")
@@ -82,9 +89,12 @@ def read_batch(table, source: str = "-", *, recompute_old: bool = False, skip_ze
     until `fill_old_logprobs` replaces them. With skip_zero, rows whose advantage is exactly 0
     are validated and counted in both denominators but not kept: with beta = 0 and no entropy
     term their loss is -min(r*0, clip(r)*0) = 0 for every token, so their gradient is exactly 0
-    and a forward/backward pass over them is wasted (in a GRPO batch, every zero-variance group)."""
+    and a forward/backward pass over them is wasted (in a GRPO batch, every zero-variance group).
+    With `turn_advantages` a row is skipped only when every sampled token's advantage is 0."""
     cols = {c: table.column(c).to_pylist() for c in ("prompt_ids", "completion_ids", "loss_mask",
                                                       "old_logprobs", "advantage")}
+    turn_col = table.column("turn_advantages").to_pylist() if "turn_advantages" in table.column_names else None
+    n_turn_rows = 0
     trajs, n_tokens, max_id, n_seqs, skipped, skipped_tokens = [], 0, -1, 0, 0, 0
     for i in range(table.num_rows):
         prompt, comp, mask, old = (cols[c][i] for c in ("prompt_ids", "completion_ids", "loss_mask", "old_logprobs"))
@@ -115,28 +125,46 @@ def read_batch(table, source: str = "-", *, recompute_old: bool = False, skip_ze
         max_id = max(max_id, max(prompt), max(comp[:idx[-1] + 1]))
         if min(prompt) < 0 or min(comp[:idx[-1] + 1]) < 0:
             raise InputError("negative token id", file=source, row=i, column="completion_ids")
+        last = idx[-1] + 1
+        token_adv = None
+        if turn_col is not None and turn_col[i] is not None:
+            token_adv = _token_advantages(turn_col[i], mask, last, source, i)
+            n_turn_rows += 1
         n_tokens += len(idx)
         n_seqs += 1
-        if skip_zero and adv == 0:
+        if skip_zero and (all(token_adv[j] == 0 for j in idx) if token_adv is not None else adv == 0):
             skipped, skipped_tokens = skipped + 1, skipped_tokens + len(idx)
             continue
-        last = idx[-1] + 1
         trajs.append(Trajectory(i, ids, p - 1, list(comp[:last]), list(mask[:last]),
-                                [old[j] if mask[j] else 0.0 for j in range(last)], float(adv)))
+                                [old[j] if mask[j] else 0.0 for j in range(last)], float(adv), token_adv))
     if not n_tokens:
         raise InputError("no sampled tokens to train on (every loss_mask is 0)", file=source,
                          column="loss_mask", hint="check the output of `atom rollout`")
     stats = _column_stats(table, cols["advantage"])
+    stats["credit"] = "turn" if n_turn_rows else "trajectory"
+    stats["turn_credit_rows"] = n_turn_rows
     return Batch(trajs, table.num_rows, n_tokens, max_id, stats, n_seqs, skipped, skipped_tokens)
 
 
+def _token_advantages(turn_adv: list, mask: list[int], last: int, source: str, row: int) -> list[float]:
+    """Each of the first `last` completion tokens gets the advantage of the turn (run of 1s in `loss_mask`)
+    it belongs to; tokens between turns (mask 0) get 0.0, which the loss never reads."""
+    spans = turn_spans(mask)
+    if len(turn_adv) != len(spans):
+        raise InputError(f"`turn_advantages` has {len(turn_adv)} values but `loss_mask` has {len(spans)} turns "
+                         "(runs of sampled tokens)", file=source, row=row, column="turn_advantages",
+                         hint="re-run `atom aggregate-reward --credit turn` on this rollout table")
+    if not all(a is not None and math.isfinite(a) for a in turn_adv):
+        raise InputError("`turn_advantages` holds a null or non-finite value", file=source, row=row,
+                         column="turn_advantages", hint="re-run `atom aggregate-reward`")
+    out = [0.0] * last
+    for (start, end), a in zip(spans, turn_adv):
+        out[start:min(end, last)] = [float(a)] * (min(end, last) - start)
+    return out
+
+
 def _column_stats(table, adv) -> dict:
-    def mean_std(xs):
-        xs = [float(x) for x in xs if x is not None and math.isfinite(x)]
-        if not xs:
-            return None, None
-        m = sum(xs) / len(xs)
-        return m, math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+    from atomcli.stats import mean_std
     out = {}
     out["advantage_mean"], out["advantage_std"] = mean_std(adv)
     if "reward" in table.column_names:
@@ -341,6 +369,8 @@ def _summary(context, m: dict) -> None:
         else:
             val = f"{m['n_trajectories']} / {m['trained_tokens']}"
         t.add_row(label, val)
+    if m.get("credit") == "turn":
+        t.add_row("credit", f"per turn (turn_advantages) on {m.get('turn_credit_rows')} trajectories")
     if m.get("skipped"):
         t.add_row("[red]skipped[/]", "non-finite gradient norm: weights unchanged")
     context.console.print(t)

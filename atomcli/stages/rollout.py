@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from atomcli import schema
+from atomcli import plugins, schema
 from atomcli.agent import format as agent_format
 from atomcli.agent.episode import Agent, Chat, Episode, Sampling
 from atomcli.config import opt
@@ -50,6 +50,7 @@ from atomcli.errors import InputError
 class RolloutConfig:
     model: str = opt("smollm2", "policy: `smollm2`, a checkpoint folder, or openai:BASE_URL#MODEL")
     search: str = opt("ddg", "search backend SPEC: local:INDEX, ddg, replay:CACHE")
+    search_options: str = opt("", "options for the search backend, KEY=VALUE,... (e.g. region=de-de,rate=1 for ddg)")
     group_size: int = opt(4, "samples per question (the GRPO group)")
     max_turns: int = opt(10, "assistant turns before the episode ends with finish_reason=max_turns")
     max_new_tokens: int = opt(512, "token cap per assistant turn")
@@ -185,7 +186,7 @@ def run(table, config: RolloutConfig, context, *, done_groups=frozenset(), sink=
     # the toolbox first: a bad index or cache fails before the model loads
     toolbox = ToolBox(config.search, context, k=config.k, cache=config.cache, replay=config.replay,
                       reader=config.reader, allow_hosts=config.allow_hosts, concurrency=config.concurrency,
-                      reader_fn=reader_fn)
+                      reader_fn=reader_fn, search_options=plugins.parse_options(config.search_options))
     try:
         engine = engine_for(config, context)
         engine_box.append(engine)

@@ -1,7 +1,9 @@
 """`atom run-all`: the whole recipe in one process, writing what the piped chain would write.
 
 SFT, then N steps of rollout -> score-rrm -> aggregate-reward (T = step, T_MAX = N) ->
-grpo-step, with evals before training, after SFT, every K steps and at the end. It calls the
+grpo-step, with evals before training, after SFT, every K steps and at the end. With
+`[aggregate-reward] process = "ig"`, score-ig (scoring with the step's own policy, or the
+`[score-ig] model`) takes score-rrm's place; `credit = "turn"` trains on per-turn advantages. It calls the
 same stage functions as the single commands (and writes through the same `write_stage`),
 so every table under RUN_DIR equals the one the piped chain makes with the same seeds.
 
@@ -10,10 +12,13 @@ Layout of RUN_DIR:
     sft/                        SFT checkpoint
     steps/0001/{questions,rollouts,scored,rewarded}.parquet, steps/0001/ckpt/
     eval/{base,sft,step-0003}.{parquet,json}
-    metrics.jsonl, evals.jsonl, plots/*.png, summary.md, config.json
+    metrics.jsonl, evals.jsonl, plots/*.png, summary.md, config.json, atom_run.json (the marker)
 
 Resume: every output is written atomically, so a file that exists is complete; a step is
-complete when its checkpoint exists. `--resume` skips what exists and redoes the rest.
+complete when its checkpoint exists. `--resume` skips what exists and redoes the rest; it
+continues only a folder run-all made (atom_run.json) and only with the settings in its
+config.json (a changed setting is refused, naming it). Every setting is checked before the
+demo world is built or anything is written.
 """
 
 from __future__ import annotations
@@ -185,6 +190,7 @@ class Run:
         from atomcli.stages.evaluate import EvalConfig
         from atomcli.stages.grpo_step import GRPOConfig
         from atomcli.stages.rollout import RolloutConfig
+        from atomcli.stages.score_ig import IGConfig
         from atomcli.stages.score_rrm import ScoreConfig
         from atomcli.stages.sft import SFTConfig
 
@@ -196,6 +202,10 @@ class Run:
                                     source="[rollout]")
         self.score = cfgmod.build(ScoreConfig, {**sec("score-rrm"), "judge": self.cfg.judge}, source="[score-rrm]")
         self.aggregate = cfgmod.build(AggregateConfig, sec("aggregate-reward"), source="[aggregate-reward]")
+        from atomcli.stages.aggregate_reward import check as check_aggregate
+        check_aggregate(self.aggregate)  # a bad process/credit fails before SFT, not at step 1
+        # [aggregate-reward] process = "ig": score-ig (with each step's policy) replaces score-rrm
+        self.ig = cfgmod.build(IGConfig, sec("score-ig"), source="[score-ig]")
         self.grpo = cfgmod.build(GRPOConfig, {**sec("grpo-step"), "seed": self.cfg.seed}, source="[grpo-step]")
         # evals roll out exactly as `atom eval --config FILE` would: the [rollout] settings, then [eval]'s
         self.eval = cfgmod.build(EvalConfig, {**sec("eval"), "search": self.cfg.search, "seed": self.cfg.seed,
@@ -229,20 +239,16 @@ class Run:
         return self.out / "steps" / f"{t + 1:04d}"
 
     def read(self, path: Path, stage: str | None = None):
-        from atomcli import schema, tableio
-        table = tableio.read_table(str(path))
-        if stage:
-            schema.require(table, stage, str(path))
-        return table
+        from atomcli import envelope, tableio
+        return envelope.read_input(str(path), stage) if stage else tableio.read_table(str(path))
 
     def table_stage(self, stage: str, mod, cfg, inp: Path, out: Path):
         """Read, run and write one table stage, skipping it when its output exists (resume)."""
-        from atomcli import tableio
+        from atomcli import envelope
         if out.exists():
             return
         self.log(f"{stage} -> {out.relative_to(self.out)}")
-        table = self.read(inp, stage)
-        tableio.write_stage(mod.run(table, cfg, self.ctx), str(out), stage, cfg, inherit=table)
+        envelope.table_to_table(stage, mod, cfg, str(inp), str(out), self.ctx)
 
     def rollout_stage(self, cfg, inp: Path, out: Path):
         from atomcli.stages import rollout, rollout_io
@@ -253,13 +259,11 @@ class Run:
         rollout_io.run_to_file(rollout, table, cfg, self.ctx, out=str(out), fmt=None, resume=True)
 
     def train_stage(self, stage: str, mod, cfg, inp: Path, out: Path):
-        from atomcli import checkpoint
+        from atomcli import envelope
         if (out / "config.json").exists():
             return
         self.log(f"{stage} ({cfg.model}) -> {out.relative_to(self.out)}")
-        table = self.read(inp, stage)
-        result = mod.run(table, cfg, self.ctx)
-        checkpoint.save(result, str(out), stage=stage, config=cfg, context=self.ctx)
+        envelope.table_to_checkpoint(stage, mod, cfg, str(inp), str(out), self.ctx)
         self.ctx.forget_models()
 
     def evaluate(self, name: str, model: str, *, transfer: bool = False) -> dict:
@@ -304,8 +308,10 @@ class Run:
         return self.evaluate(name, model, transfer=True) if self.cfg.transfer_test else None
 
 
-def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context, preset: str = "demo") -> dict:
-    """Settings for this run: preset < config file; with --demo, build the world and model."""
+def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context, preset: str = "demo",
+            build: bool = True) -> dict:
+    """Settings for this run: preset < config file; with --demo, build the world and model
+    (`build=False`: only the settings, the same ones, so that they are checked before anything is built)."""
     if preset not in PRESETS:
         from atomcli.errors import unknown_choice
         raise unknown_choice("preset", preset, tuple(PRESETS))
@@ -319,7 +325,7 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
         from atomcli import models
         from atomcli.demo import world as demo_world
         world = out / "world"
-        if not (world / "index.sqlite").exists():
+        if build and not (world / "index.sqlite").exists():
             context.log("building the demo world...")
             demo_world.main(str(world), seed=0, context=context, **(QUICK_WORLD if quick else {}))
         ra = settings.setdefault("run-all", {})
@@ -330,13 +336,13 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
         if "transfer_test" not in ra:  # transfer to real documents, measured every run
             from atomcli.demo import real_docs
             real = out / "real"
-            if not (real / "index.sqlite").exists():
+            if build and not (real / "index.sqlite").exists():
                 real_docs.build("sqlite", real, context=context)
             ra["transfer_test"] = str(real / "test.jsonl")
             ra["transfer_search"] = f"local:{real / 'index.sqlite'}"
         if quick and "model" not in ra:
             tiny = out / "tiny-model"
-            if not (tiny / "config.json").exists():
+            if build and not (tiny / "config.json").exists():
                 from atomcli.tableio import atomic_dir
                 with atomic_dir(tiny) as tmp:
                     models.make_tiny_model(tmp)
@@ -347,21 +353,32 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
 def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: bool, context,
          preset: str = "demo") -> None:
     from atomcli import tableio
-    from atomcli.stages import aggregate_reward, grpo_step, score_rrm, sft
+    from atomcli.stages import aggregate_reward, grpo_step, score_ig, score_rrm, sft
+    from atomcli import safety
     run_dir = Path(out)
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
-        raise InputError("run folder exists and is not empty", file=out, hint="pass --resume to continue it, or a new --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    settings = prepare(run_dir, demo, quick, config_file, context, preset)
+        hint = ("pass --resume to continue it, or a new --out" if safety.is_run_folder(run_dir)
+                else "give a new --out: run-all writes into a folder of its own")
+        raise InputError("run folder exists and is not empty", file=out, hint=hint)
+    safety.check_output(run_dir, safety.RUN)  # --resume adopts only a folder run-all made
+    # every setting is checked before anything is built or written: a refused run leaves the
+    # folder as it was, so the corrected command works without --resume
+    settings = prepare(run_dir, demo, quick, config_file, context, preset, build=False)
     run = Run(run_dir, settings, context)
     cfg = run.cfg
+    _check_stage_configs(run)
+    if resume:
+        _check_same_settings(run_dir, settings)
+    if demo:  # the world is built by this run: mark the folder first, so a kill mid-build can --resume
+        _mark(run_dir, settings)
+        prepare(run_dir, demo, quick, config_file, context, preset)
 
     # questions: the training set cycles through steps; evals use a fixed slice of the test set
     train = run.read(Path(cfg.train), "rollout")
     test = run.read(Path(cfg.test), "rollout")
     # only once the inputs are known good: a refused run leaves the folder empty, so fixing
     # the input and running the same command again works without --resume
-    tableio.write_bytes_atomic(run_dir / "config.json", json.dumps(settings, indent=2).encode())
+    _mark(run_dir, settings)
     if cfg.eval_limit:
         test = test.slice(0, cfg.eval_limit)
     if not (run_dir / "eval" / "questions.parquet").exists():
@@ -395,7 +412,11 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
             run.log(f"[bold]step {t + 1}/{cfg.steps}[/]{_eta(run, t, cfg.steps)}")
             run.rollout_stage(dataclasses.replace(run.rollout, model=model, seed=cfg.seed + t),
                               d / "questions.parquet", d / "rollouts.parquet")
-            run.table_stage("score-rrm", score_rrm, run.score, d / "rollouts.parquet", d / "scored.parquet")
+            if run.aggregate.process == "ig":  # information gain under the policy that made the rollouts
+                run.table_stage("score-ig", score_ig, dataclasses.replace(run.ig, model=run.ig.model or model),
+                                d / "rollouts.parquet", d / "scored.parquet")
+            else:
+                run.table_stage("score-rrm", score_rrm, run.score, d / "rollouts.parquet", d / "scored.parquet")
             run.table_stage("aggregate-reward", aggregate_reward,
                             dataclasses.replace(run.aggregate, step=t, total_steps=cfg.steps),
                             d / "scored.parquet", d / "rewarded.parquet")
@@ -413,6 +434,44 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
     from atomcli.stages import run_report
     run_report.write(run_dir, context)
     run.log(f"[green]done[/]: {run_dir}/summary.md")
+
+
+def _check_stage_configs(run: Run) -> None:
+    """Each stage's own range checks, now rather than when the stage first runs (after SFT, steps later)."""
+    from atomcli.stages import grpo_step, rollout, score_rrm, sft
+    rollout.validate(run.rollout)
+    score_rrm._validate(run.score)
+    grpo_step._check_config(run.grpo)
+    if run.cfg.sft_data:
+        sft._check_config(run.sft)
+
+
+def _mark(run_dir: Path, settings: dict) -> None:
+    """The run folder's marker (safety.RUN_MARKER: made by run-all) and its config.json."""
+    from atomcli import __version__, safety, tableio
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / safety.RUN_MARKER).exists():
+        tableio.write_bytes_atomic(run_dir / safety.RUN_MARKER, json.dumps(
+            {"made_by": "atom run-all", "format": 1, "version": __version__}).encode())
+    tableio.write_bytes_atomic(run_dir / "config.json", json.dumps(settings, indent=2).encode())
+
+
+def _check_same_settings(run_dir: Path, settings: dict) -> None:
+    """--resume continues the run it finds: the same settings (config.json), or a refusal naming the change."""
+    from atomcli import safety
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return  # an empty folder, or a demo run killed before its inputs were read: nothing recorded yet
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise InputError(f"cannot resume: unreadable config.json ({e})", file=str(path),
+                         hint="start a new --out") from None
+    diffs = safety.config_diff(old, json.loads(json.dumps(settings)))
+    if diffs:
+        raise InputError(f"cannot resume: the run was started with other settings ({safety.describe_diff(diffs)})",
+                         file=str(path), hint="resume with the settings it started with (they are in this "
+                                              "config.json), or start a new --out")
 
 
 def _eta(run: Run, t: int, steps: int) -> str:

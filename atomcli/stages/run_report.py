@@ -114,20 +114,19 @@ def _plots(run_dir: Path, metrics: list[dict], evals: list[dict]) -> list[Path]:
                 ax.set_xlabel("step")
             for ax in list(axes.flat)[n:]:
                 ax.axis("off")
-            fig.tight_layout()
-            path = out / "training.png"
-            fig.savefig(path, dpi=80)
-            plt.close(fig)
-            written.append(path)
+            written.append(_save(plt, fig, out / "training.png"))
     if evals:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         names = [r["name"] for r in evals]
         ax.bar(names, [r.get("overall", {}).get("f1", 0) for r in evals])
         ax.set_ylabel("test F1")
         ax.set_title("eval F1 per checkpoint")
-        fig.tight_layout()
-        path = out / "eval_f1.png"
-        fig.savefig(path, dpi=80)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, out / "eval_f1.png"))
     return written
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from rich.markup import escape
 
-from atomcli import schema
+from atomcli import schema, stats
 from atomcli.config import opt
 from atomcli.errors import InputError
 from atomcli.rewards.rrm_prompt import (
@@ -159,11 +159,10 @@ def _summary(context, name: str, atr: list, errors: list, counts: dict, seconds:
     scored = [a for a, e in zip(atr, errors) if a is not None]
     n_err = sum(e is not None for e in errors)
     empty = sum(1 for c in counts.values() if c == 0)
-    mean = sum(scored) / len(scored) if scored else float("nan")
+    mean = stats.mean(scored)
+    mean = float("nan") if mean is None else mean
     color = "yellow" if n_err else "green"
     context.log(f"[{color}]score-rrm[/] judge {escape(name)}: {len(atr)} trajectories, "
                 f"{sum(counts.values())} atomic thoughts, mean ATR {mean:.3f}, "
                 f"judge errors {n_err}, no thoughts {empty}, {seconds:.1f} s")
-    first = next((e for e in errors if e), None)
-    if first:
-        context.log(f"[yellow]first judge error:[/] {escape(first[:300])}")
+    context.log_first_error("judge", errors)

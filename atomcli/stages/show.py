@@ -9,7 +9,8 @@ Where it goes: the terminal rendering is printed to **stdout**, because for this
 the rendering is the requested output (`atom show t.parquet | less -R`), like `cat`; with
 `--html FILE` the page is the output, nothing is printed and only the "wrote" line goes to
 stderr (`--html -` prints the page). Model text is untrusted: the terminal view never
-interprets it as rich markup, and the HTML page escapes all of it (inline CSS, no scripts,
+interprets it as rich markup and shows its control characters as escapes (`\x1b`;
+atomcli.safety.visible), and the HTML page escapes all of it (inline CSS, no scripts,
 no external assets).
 
 Scores are shown as stored; colours use score/10 (score-rrm's integer 0-10 scale, DESIGN.md
@@ -24,7 +25,7 @@ import sys
 from collections import defaultdict, deque
 from pathlib import Path
 
-from atomcli import tableio
+from atomcli import safety, tableio
 from atomcli.agent import format as agent_format
 from atomcli.errors import InputError
 
@@ -36,6 +37,7 @@ STAT_COLUMNS = ("finish_reason", "format_ok", "n_turns", "n_search", "n_browse",
 
 def main(table_path: str, *, row: int | None = None, html: str | None = None, context=None) -> None:
     name = "<stdin>" if table_path == "-" else table_path
+    safety.check_output(html, inputs=[table_path], flag="--html")  # the page never replaces the table
     table = tableio.read_table(table_path)
     if table.num_rows == 0:
         raise InputError("table is empty", file=name, hint="nothing to show")
@@ -57,7 +59,8 @@ def main(table_path: str, *, row: int | None = None, html: str | None = None, co
                 context.log(f"[green]wrote[/] {html}")
         return
     from rich.console import Console
-    print_views(views, Console(file=sys.stdout, highlight=False))
+    # model, page and corpus text: escape sequences (colours, OSC 52 clipboard writes, titles) shown, not run
+    print_views(safety.visible_tree(views), Console(file=sys.stdout, highlight=False))
 
 
 # --- a neutral view of one row (both renderings read only this) --------------------------------

@@ -9,14 +9,16 @@ clipping, gradient norm, response length, tool use, format errors, judge fallbac
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
+
+from atomcli import stats
 
 # from the rewarded table
 STEP = "step"
 ALPHA = "alpha"
 REWARD_MEAN, REWARD_STD = "reward_mean", "reward_std"
 F1, ATR = "f1", "atr"
+IG = "ig"                                     # mean information gain (score-ig), when the step used it
 ZERO_VAR_GROUPS = "zero_variance_groups"      # fraction of groups whose rewards are all equal
 FORMAT_ERROR = "format_error_rate"
 SEARCHES, BROWSES, TURNS = "searches", "browses", "turns"
@@ -31,28 +33,23 @@ SKIPPED = "skipped_zero_advantage"
 FROM_CHECKPOINT = (LOSS, KL, ENTROPY, CLIP_LOW, CLIP_HIGH, GRAD_NORM, TOKENS_PER_S, SKIPPED)
 
 # (key, plot title) in plot order
-CURVES = [(REWARD_MEAN, "reward mean"), (REWARD_STD, "reward std"), (F1, "train F1"), (ATR, "ATR"),
+CURVES = [(REWARD_MEAN, "reward mean"), (REWARD_STD, "reward std"), (F1, "train F1"), (ATR, "ATR"), (IG, "information gain"),
           (ALPHA, "alpha"), (ZERO_VAR_GROUPS, "zero-variance groups"), (KL, "KL to reference"),
           (ENTROPY, "entropy"), (CLIP_LOW, "clip fraction (low)"), (CLIP_HIGH, "clip fraction (high)"),
           (GRAD_NORM, "grad norm"), (RESPONSE_TOKENS, "sampled tokens / trajectory"),
           (SEARCHES, "searches / trajectory"), (BROWSES, "browses / trajectory"),
           (FORMAT_ERROR, "format-error rate"), (JUDGE_FALLBACKS, "judge fallbacks")]
 # columns of the summary's step table
-TABLE = [STEP, ALPHA, REWARD_MEAN, REWARD_STD, F1, ATR, ZERO_VAR_GROUPS, FORMAT_ERROR, SEARCHES, KL,
+TABLE = [STEP, ALPHA, REWARD_MEAN, REWARD_STD, F1, ATR, IG, ZERO_VAR_GROUPS, FORMAT_ERROR, SEARCHES, KL,
          ENTROPY, CLIP_LOW, CLIP_HIGH, GRAD_NORM, LOSS]
 
 
 def mean(xs) -> float | None:
-    xs = [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return math.fsum(xs) / len(xs) if xs else None
+    return stats.mean(xs)
 
 
 def std(xs) -> float | None:
-    m = mean(xs)
-    if m is None:
-        return None
-    xs = [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / len(xs))
+    return stats.mean_std(xs)[1]
 
 
 def zero_variance_fraction(rewards: list, groups: list) -> float | None:
@@ -76,6 +73,7 @@ def step_line(step: int, rewarded: dict, ckpt_metrics: dict) -> dict:
         STEP: step, ALPHA: rewarded["alpha"][0] if rewarded["alpha"] else None,
         REWARD_MEAN: mean(rewards), REWARD_STD: std(rewards), F1: mean(rewarded["f1"]),
         ATR: mean(atr) if atr is not None else None,
+        IG: mean(rewarded["ig"]) if rewarded.get("ig") is not None else None,
         ZERO_VAR_GROUPS: zero_variance_fraction(rewards, rewarded["group_id"]),
         FORMAT_ERROR: mean([0.0 if ok else 1.0 for ok in rewarded["format_ok"]]),
         SEARCHES: mean(rewarded["n_search"]), BROWSES: mean(rewarded["n_browse"]), TURNS: mean(rewarded["n_turns"]),

@@ -3,7 +3,8 @@
 Both build a `ToolBox` and a tool call the way the rollout does (the call goes through
 `agent_format.parse_tool_call`, the same validation a model's call gets), run it, and print
 the observation on stdout (text), or the observation with its details (json). A failed call
-prints its error observation too, then exits 1.
+prints its error observation too, then exits 1. Page and corpus text is printed with its
+control characters made visible (`\x1b`, `\u202e`: atomcli.safety), in both formats.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import typer
 from atomcli.agent.format import parse_tool_call
 from atomcli.env.tools import ToolBox, ToolResult
 from atomcli.errors import InputError
+from atomcli.safety import visible, visible_json
 
 FORMATS = ("text", "json")
 
@@ -25,12 +27,14 @@ def _check_format(fmt: str) -> None:
 
 
 def _emit(result: ToolResult, fmt: str, **head) -> None:
+    # page and corpus text is untrusted: its control characters are shown, never sent to the terminal raw
     if fmt == "json":
-        typer.echo(json.dumps({**head, "observation": result.observation, "ok": result.ok, "error": result.error,
-                               "cached": result.cached, "seconds": round(result.seconds, 3),
-                               "details": result.data}, ensure_ascii=False))
+        typer.echo(visible_json(json.dumps({**head, "observation": result.observation, "ok": result.ok,
+                                            "error": result.error, "cached": result.cached,
+                                            "seconds": round(result.seconds, 3), "details": result.data},
+                                           ensure_ascii=False)))
     else:
-        typer.echo(result.observation)
+        typer.echo(visible(result.observation))
     if not result.ok:
         raise typer.Exit(1)
 

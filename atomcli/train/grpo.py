@@ -6,6 +6,8 @@ Per target token t of trajectory i (its completion tokens up to the last one it 
     loss = [-min(r·A, clip(r, 1-eps, 1+eps_high)·A) + beta·k3 - entropy_coef·H] · loss_mask
     k3   = exp(ref - logp) - (ref - logp) - 1
 
+A is the trajectory's advantage, or with turn-level credit the advantage of the assistant
+turn the token belongs to (`Trajectory.token_adv`; the same formula either way).
 `loss_mask` is 1 for tokens the policy sampled and 0 for tool responses and template glue:
 the one line in `grpo_token_loss` that multiplies by it is where those tokens leave the loss.
 Aggregated as a token-mean over the whole batch (weight 1 / sampled tokens) or a mean over
@@ -56,6 +58,7 @@ class Trajectory:
     loss_mask: list[int]   # their loss_mask (1 = sampled, 0 = tool response / template glue)
     old: list[float]       # sampling log-probs (0.0 where the mask is 0: never read)
     advantage: float
+    token_adv: list[float] | None = None  # per target: its turn's advantage (--credit turn); None = `advantage`
 
 
 @dataclass
@@ -132,7 +135,7 @@ class MicroBatch:
     targets: object         # [n] completion tokens up to each row's last sampled one
     loss_mask: object       # [n] 1 = sampled by the policy, 0 = tool response / template glue
     old: object             # [n]
-    adv: object             # [n] the trajectory's advantage, per token
+    adv: object             # [n] each token's advantage: its turn's (turn_advantages), else the trajectory's
     weight: object          # [n] the token's share of the aggregated loss
     n_input_tokens: int
     ref: object = None      # [n] reference log-probs, filled when beta > 0
@@ -160,7 +163,7 @@ def micro_batches(batch: Batch, config: LossSettings, world: World, device, pad_
             targets += t.targets
             mask += t.loss_mask
             old += t.old
-            adv += [t.advantage] * n
+            adv += t.token_adv if t.token_adv is not None else [t.advantage] * n
             sampled = sum(t.loss_mask)
             w = 1.0 / batch.n_tokens if config.loss_agg == "token-mean" else 1.0 / (sampled * n_seqs)
             weight += [w] * n
