@@ -13,6 +13,12 @@ stage or tool loads as is, plus:
 - `adapter/` (LoRA runs only): the peft adapter. The top-level weights are then the
   adapter merged into its base (computed out of place), so rollout and eval need no peft,
   while the next `grpo-step --lora` reloads base + adapter and keeps training the adapter.
+  Its `adapter_config.json` names the base as an absolute folder (or the hub id), so
+  `AutoPeftModelForCausalLM.from_pretrained(".../adapter")` works from any working directory.
+
+The tokenizer is saved so that transformers 4.x loads it too: transformers 5 records its fast
+tokenizers as `TokenizersBackend`, a class 4.x does not have; `PreTrainedTokenizerFast` is the
+same class in 5.x (an alias) and the generic fast tokenizer in 4.x (portable_tokenizer_config).
 
 Everything is written into a temporary folder and renamed into place (tableio.atomic_dir).
 Under torch.distributed only rank 0 writes.
@@ -33,6 +39,7 @@ STATE_FILE = "atom_state.json"
 METRICS_FILE = "metrics.json"
 OPTIMIZER_FILE = "optimizer.pt"
 ADAPTER_DIR = "adapter"
+PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # 4.x's generic fast tokenizer; 5.x's TokenizersBackend
 
 
 @dataclass
@@ -119,16 +126,56 @@ def save(result: TrainResult, out: str, *, stage: str, config: Any = None, conte
     with atomic_dir(out) as tmp:
         if result.lora:
             result.model.save_pretrained(tmp / ADAPTER_DIR)
+            _absolute_adapter_base(tmp / ADAPTER_DIR, result.lora_base or result.base, context)
             lm = result.model.get_base_model()
             lm.save_pretrained(tmp, state_dict=merged_state_dict(result.model))
         else:
             result.model.save_pretrained(tmp)
         result.tokenizer.save_pretrained(tmp)
+        portable_tokenizer_config(tmp)
         if result.optimizer_state is not None:
             torch.save(result.optimizer_state, tmp / OPTIMIZER_FILE)
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
         (tmp / METRICS_FILE).write_text(json.dumps(schema._jsonable(result.metrics), indent=1) + "\n",
                                         encoding="utf-8")
+
+
+def _absolute_adapter_base(adapter: Path, base: str, context) -> None:
+    """peft records the base as the path it was loaded from, often relative: make it loadable from anywhere."""
+    from atomcli import models
+    if base == models.DEMO_MODEL:
+        where = str(models.demo_model_dir(context.home if context is not None else None).resolve())
+    else:
+        p = Path(base).expanduser()
+        where = str(p.resolve()) if p.is_dir() else base  # a hub id stays a hub id
+    path = adapter / "adapter_config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    cfg["base_model_name_or_path"] = where
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def portable_tokenizer_config(folder: Path) -> None:
+    """Rewrite a saved tokenizer_config.json so that transformers 4.x and 5.x load the same tokenizer.
+
+    5.x writes `tokenizer_class: TokenizersBackend` (4.x: "Tokenizer class TokenizersBackend does not exist")
+    and may list extra special tokens under `extra_special_tokens` as a list (4.x expects a dict there);
+    the 4.x names (`PreTrainedTokenizerFast`, `additional_special_tokens`) mean the same to 5.x."""
+    path = Path(folder) / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    changed = False
+    if cfg.get("tokenizer_class") == "TokenizersBackend":
+        cfg["tokenizer_class"] = PORTABLE_TOKENIZER_CLASS
+        changed = True
+    extra = cfg.get("extra_special_tokens")
+    if isinstance(extra, list):
+        del cfg["extra_special_tokens"]
+        if extra and "additional_special_tokens" not in cfg:
+            cfg["additional_special_tokens"] = extra
+        changed = True
+    if changed:
+        path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def merged_state_dict(peft_model) -> dict:

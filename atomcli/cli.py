@@ -15,19 +15,49 @@ import functools
 import importlib
 import inspect
 import os
+import re
 import typing
 from typing import Annotated, Callable, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from atomcli import __version__
-from atomcli.errors import InputError, NotBuiltError
+from atomcli.errors import InputError
+
+PROG = "atom"
+_TYPES = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT"}
+
+
+class AtomCommand(TyperCommand):
+    """Help that reads like the `hf` CLI's: plain sections, `atom rollout [OPTIONS] QUESTIONS` in the usage
+    line (not `{questions}`), TEXT/INTEGER/FLOAT after options that take a value, nothing after flags."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [re.sub(r"^\{(.+)\}", r"\1", p) for p in super().collect_usage_pieces(ctx)]
+
+    def format_options(self, ctx, formatter) -> None:
+        args, opts = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            names, text = record
+            if param.param_type_name == "argument":
+                args.append((param.metavar or param.name.upper(), text))
+            else:
+                opts.append((re.sub(r"<(\w+)>", lambda m: _TYPES.get(m[1], m[1].upper()), names), text))
+        for title, rows in (("Arguments", args), ("Options", opts)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
 
 app = typer.Typer(
     help="Train LLM research agents with RL: the Atom-Searcher recipe (atomic-thought rewards) on "
          "DeepResearcher (real web search and browsing), as composable stages over Parquet tables.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
 )
 STATE = {"debug": os.environ.get("ATOM_DEBUG", "") not in ("", "0")}
 
@@ -71,8 +101,6 @@ def guarded(fn: Callable) -> Callable:
             if STATE["debug"]:
                 raise
             _fail(2, e.one_line())
-        except NotBuiltError as e:
-            _fail(1, f"{e} (no output written)")
         except KeyboardInterrupt:
             _fail(130, "interrupted (completed work was kept where the command supports --resume)")
         except BrokenPipeError:
@@ -102,7 +130,8 @@ def _flag_params(cfg_cls, skip=()) -> list[inspect.Parameter]:
             continue
         typ = hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        help_text = f.metadata.get("help", "") + f"  \\[default: {default}]"
+        shown = (f"--{'' if default else 'no-'}{f.name.replace('_', '-')}" if typ is bool else default)
+        help_text = f.metadata.get("help", "") + (f"  [default: {shown}]" if shown != "" else "")
         names = ["--" + f.name.replace("_", "-")] + list(f.metadata.get("short", []))
         if typ is bool:
             names = [f"--{f.name.replace('_', '-')}/--no-{f.name.replace('_', '-')}"]
@@ -132,15 +161,15 @@ def stage_command(name: str, module: str, config: str, args: list[tuple[str, str
             cfg = dataclasses.replace(cfg, **{sec: dict(cfgmod.section(data, sec)) for sec in sections})
         return handler(cfg, mod, **kw)
 
-    params = [_param(a, Annotated[str, typer.Argument(help=h, show_default=False)]) for a, h in args]
+    params = [_param(a, Annotated[str, typer.Argument(help=h, show_default=False, metavar=a.upper())]) for a, h in args]
     params += list(extra)
     params.append(_param("config_file", Annotated[Optional[str], typer.Option(
-        "--config", help=f"TOML file; its \\[{name}] section sets defaults that flags override.")], None))
+        "--config", help=f"TOML file; its [{name}] section sets defaults that flags override.")], None))
     params += _flag_params(cfg_cls, skip)
     impl.__signature__ = inspect.Signature(params)
     impl.__name__ = name.replace("-", "_")
     impl.__doc__ = help or (mod.__doc__ or "").strip().split("\n\n")[0]
-    app.command(name)(guarded(impl))
+    app.command(name, cls=AtomCommand)(guarded(impl))
 
 
 OUT_OPT = _param("out", Annotated[str, typer.Option("--out", "-o", help=OUT_TABLE)])
@@ -212,7 +241,7 @@ stage_command("eval", "evaluate", "EvalConfig", [("input", "Answered rollouts, o
 
 # --- utility commands ------------------------------------------------------------------------
 
-@app.command("run-all")
+@app.command("run-all", cls=AtomCommand)
 @guarded
 def run_all_cmd(
     out: Annotated[str, typer.Option("--out", "-o", help="Run folder: every table, checkpoint, metrics.jsonl, plots.")],
@@ -222,16 +251,16 @@ def run_all_cmd(
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last complete step in --out.")] = False,
     preset: Annotated[str, typer.Option("--preset", help="With --demo: `demo` (the ~25-minute tour) or `learn` (the learning study: 10 GRPO steps, evals on all 100 test questions; <= 90 min on 2 cores).")] = "demo",
 ):
-    """SFT, then N x \\[rollout -> score-rrm -> aggregate-reward -> grpo-step], with evals; one process."""
+    """SFT, then N x [rollout -> score-rrm -> aggregate-reward -> grpo-step], with evals; one process."""
     from atomcli.stages import run_all
     run_all.main(out=out, config_file=config_file, demo=demo, quick=quick, resume=resume, context=_context(),
                  preset=preset)
 
 
-@app.command("index")
+@app.command("index", cls=AtomCommand)
 @guarded
 def index_cmd(
-    corpus: Annotated[str, typer.Argument(help="Corpus JSONL/Parquet with id, title, contents (or text), optional url.")],
+    corpus: Annotated[str, typer.Argument(help="Corpus JSONL/Parquet with id, title, contents (or text), optional url.", metavar="CORPUS")],
     out: Annotated[str, typer.Option("--out", "-o", help="Index file to write (SQLite).")],
     engine: Annotated[str, typer.Option("--engine", help="fts5 (SQLite, default) or tantivy if installed.")] = "fts5",
     impacts: Annotated[bool, typer.Option("--impacts/--no-impacts",
@@ -243,10 +272,10 @@ def index_cmd(
     search_local.build_index(corpus, out, engine=engine, impacts=impacts, context=_context())
 
 
-@app.command("search")
+@app.command("search", cls=AtomCommand)
 @guarded
 def search_cmd(
-    query: Annotated[str, typer.Argument(help="Search query.")],
+    query: Annotated[str, typer.Argument(help="Search query.", metavar="QUERY")],
     index: Annotated[Optional[str], typer.Option("--index", help="Local index (same as --search local:INDEX).")] = None,
     search: Annotated[Optional[str], typer.Option("--search", help="Search SPEC: local:INDEX, ddg, replay:CACHE.")] = None,
     k: Annotated[int, typer.Option("-k", "--k", help="Results to show.")] = 10,
@@ -259,10 +288,10 @@ def search_cmd(
     tools_cli.search(query, index=index, search=search, k=k, cache=cache, replay=replay, fmt=fmt, context=_context())
 
 
-@app.command("browse")
+@app.command("browse", cls=AtomCommand)
 @guarded
 def browse_cmd(
-    url: Annotated[str, typer.Argument(help="URL to read (or a local result url).")],
+    url: Annotated[str, typer.Argument(help="URL to read (or a local result url).", metavar="URL")],
     query: Annotated[str, typer.Option("--query", "-q", help="What the reader looks for.")] = "",
     search: Annotated[Optional[str], typer.Option("--search", help="Search SPEC whose local urls to resolve (local:INDEX).")] = None,
     cache: Annotated[Optional[str], typer.Option("--cache", help="SQLite cache file.")] = None,
@@ -277,7 +306,7 @@ def browse_cmd(
                      reader=reader, fmt=fmt, context=_context())
 
 
-@app.command("demo-world")
+@app.command("demo-world", cls=AtomCommand)
 @guarded
 def demo_world_cmd(
     out: Annotated[str, typer.Option("--out", "-o", help="Folder for corpus.jsonl, train/test.jsonl, sft.parquet, index.")],
@@ -300,10 +329,10 @@ def demo_world_cmd(
     demo_world.main(out, seed=seed, articles=articles, train=train, test=test, sft=sft, context=_context())
 
 
-@app.command("show")
+@app.command("show", cls=AtomCommand)
 @guarded
 def show_cmd(
-    table: Annotated[str, typer.Argument(help="Trajectory table.")],
+    table: Annotated[str, typer.Argument(help="Trajectory table.", metavar="TABLE")],
     row: Annotated[Optional[int], typer.Option("--row", help="Show only this row.")] = None,
     html: Annotated[Optional[str], typer.Option("--html", help="Write one self-contained HTML page.")] = None,
 ):
@@ -313,7 +342,7 @@ def show_cmd(
 
 
 def main():
-    app()
+    app(prog_name=PROG)  # `python -m atomcli` too: completion and usage name `atom`
 
 
 if __name__ == "__main__":

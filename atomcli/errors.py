@@ -39,10 +39,6 @@ class InputError(Exception):
                           column=self.column, hint=self.hint)
 
 
-class NotBuiltError(Exception):
-    """A command whose stage is not implemented yet. Exit 1, never made-up output."""
-
-
 def unknown_choice(kind: str, name: str, valid) -> InputError:
     """The error for an unknown plugin/option name, listing the valid ones."""
     return InputError(f"unknown {kind} `{name}`", hint="valid: " + ", ".join(sorted(valid)))

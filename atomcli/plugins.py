@@ -11,6 +11,7 @@ listing the valid names.
 from __future__ import annotations
 
 import importlib
+import inspect
 from importlib.metadata import entry_points
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -53,11 +54,30 @@ class SearchBackend(Protocol):
 
 
 class Judge(Protocol):
-    """One reply per prompt, in order: the text, or a `judges.JudgeError` returned in its place."""
+    """One reply per prompt, in order: the text, or a `judges.JudgeError` returned in its place.
+
+    `complete` may also take a keyword `progress`, a function it calls with the number of replies
+    just finished (from any thread), so that long scoring runs show progress; see judge_complete."""
     name: str
 
     def complete(self, prompts: list[str]) -> list:  # list[str | JudgeError]; see atomcli.rewards.judges
         ...
+
+
+def judge_complete(judge, prompts: list[str], progress: Callable[[int], None] | None = None) -> list:
+    """`judge.complete(prompts)`, reporting finished replies to `progress` as they come when the judge
+    takes the `progress` keyword, else all at once when it returns."""
+    if progress is None:
+        return judge.complete(prompts)
+    try:
+        takes = "progress" in inspect.signature(judge.complete).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if takes:
+        return judge.complete(prompts, progress=progress)
+    replies = judge.complete(prompts)
+    progress(len(prompts))
+    return replies
 
 
 SEARCH_GROUP, JUDGE_GROUP = "atomcli.search", "atomcli.judges"  # entry-point groups of third-party plugins

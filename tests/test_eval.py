@@ -300,17 +300,9 @@ def test_cli_unknown_judge_fails_before_reading(tmp_path):
     assert proc.returncode == 2 and b"unknown judge" in proc.stderr and b"not found" not in proc.stderr
 
 
-def test_eval_questions_with_a_real_rollout(tmp_path, request):
+def test_eval_questions_with_a_real_rollout(tmp_path, tiny_model):
     """The questions + --model path end to end (in-process): tiny random policy, local index."""
     from atomcli.env import search_local
-    from atomcli.errors import NotBuiltError
-    try:
-        rollout.run(None, rollout.RolloutConfig(), Context(quiet=True))
-    except NotBuiltError:
-        pytest.skip("atom rollout is not built yet")
-    except Exception:
-        pass  # built: it just refuses a None table
-    tiny_model = request.getfixturevalue("tiny_model")  # built only when the test can run
     corpus = _write_jsonl(tmp_path / "corpus.jsonl", [
         {"id": "d1", "title": "Paris", "contents": "Paris is the capital of France."},
         {"id": "d2", "title": "Rome", "contents": "Rome is the capital of Italy."}])

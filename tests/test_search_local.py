@@ -56,7 +56,8 @@ def index(tmp_path_factory):
 def test_title_query_ranks_its_document_first(index, query, title):
     results = index.search(query, 3)
     assert results[0]["title"] == title
-    assert set(results[0]) == {"title", "url", "snippet"}
+    assert set(results[0]) == {"title", "url", "snippet", "score", "id"}
+    assert [r["score"] for r in results] == sorted((r["score"] for r in results), reverse=True)
     assert len(results) <= 3
 
 

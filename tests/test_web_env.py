@@ -642,8 +642,8 @@ def test_cli_browse_refusal_prints_observation_and_exits_1(server, url, why):
     url = url.format(loop=server.url("/secret"))
     proc = atom("browse", url, "--format", "json", timeout=120)
     assert proc.returncode == 1
-    out = json.loads(proc.stdout)
-    assert out["ok"] is False and why in out["observation"] and out["observation"].startswith(f"Page {url}:\nError:")
+    out = json.loads(proc.stdout)  # one object per url
+    assert out["url"] == url and out["status"] == "error" and why in out["error"] and out["kept"] is None
     assert server.hits["/secret"] == 0
 
 
@@ -655,8 +655,8 @@ def test_cli_search_replay(server, fake_ddg, tmp_path):
     assert proc.stdout.decode() == live.observation + "\n"
     proc = atom("search", "zorbl river", "--search", "ddg", "--cache", cache, "--replay", "-k", "3",
                 "--format", "json", timeout=120)
-    out = json.loads(proc.stdout)
-    assert proc.returncode == 0 and out["cached"] and len(out["details"][0]["results"]) == 3
+    out = [json.loads(line) for line in proc.stdout.decode().splitlines()]  # JSON Lines, one per result
+    assert proc.returncode == 0 and [r["rank"] for r in out] == [1, 2, 3] and all(r["cached"] for r in out)
     proc = atom("search", "never recorded", "--search", f"replay:{cache}", timeout=120)
     assert proc.returncode == 1 and "not recorded" in proc.stdout.decode()
     proc = atom("search", "q", timeout=120)

@@ -306,7 +306,8 @@ class LocalIndex:
         return con
 
     def search(self, query: str, k: int = 10) -> list[dict]:
-        """Top-k documents by BM25: [{title, url, snippet}]. Never raises on the query text."""
+        """Top-k documents by BM25: [{title, url, snippet, score, id}] (score: FTS5's bm25 negated, higher is
+        better; id: the corpus document id). Never raises on the query text."""
         words = query_words(query)
         if not words or k <= 0:
             return []
@@ -315,13 +316,14 @@ class LocalIndex:
         top = self.rank_impacts(words, int(k))
         if top is None:
             top = self.rank_fts5(expr, int(k))
-        # Title, url and snippet for the k winners only.
+        # Title, url, snippet, score and id for the k winners only.
         out = []
         for rowid in top:
-            title, url, snip = con.execute(
-                f"SELECT d.title, d.url, snippet(fts, 1, '', '', '…', {SNIPPET_TOKENS}) FROM fts "
+            title, url, snip, score, doc_id = con.execute(
+                f"SELECT d.title, d.url, snippet(fts, 1, '', '', '…', {SNIPPET_TOKENS}), "
+                f"bm25(fts, {TITLE_WEIGHT}, {BODY_WEIGHT}), d.id FROM fts "
                 "JOIN docs d ON d.rowid = fts.rowid WHERE fts MATCH ? AND fts.rowid = ?", (expr, rowid)).fetchone()
-            out.append({"title": title, "url": url, "snippet": " ".join(snip.split())})
+            out.append({"title": title, "url": url, "snippet": " ".join(snip.split()), "score": -score, "id": doc_id})
         return out
 
     def rank_impacts(self, words: list[str], k: int) -> list[int] | None:

@@ -15,6 +15,7 @@ so a replay produces byte-identical observations, and anything else is "not reco
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -46,6 +47,18 @@ class ToolResult:
     data: list | None = None  # structured per-query / per-url details (for `--format json`)
 
 
+def search_result(r: dict) -> dict:
+    """One backend result as the tools keep it: title, url, snippet, and `score` (higher is better) and document
+    `id` when the backend gives them (for `atom search --format json`; the model sees title, url and snippet)."""
+    out = {"title": str(r.get("title", "")), "url": str(r.get("url", "")), "snippet": str(r.get("snippet", ""))}
+    score = r.get("score")
+    if isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score):
+        out["score"] = float(score)
+    if r.get("id") is not None:
+        out["id"] = str(r["id"])
+    return out
+
+
 def format_search(query: str, results: list[dict]) -> str:
     lines = [f'Results for "{query}":']
     if not results:
@@ -62,6 +75,8 @@ class _Outcome:
     value: object = None
     error: str | None = None
     cached: bool = False
+    http_status: int | None = None  # a page fetched from the web: its HTTP status
+    source: str | None = None       # a page: where its text came from (web, or the local backend's name)
 
 
 def _describe(e: Exception) -> str:
@@ -221,8 +236,7 @@ class ToolBox:
             if self.cache is not None:
                 self.cache.put("search", key, source, {"k": self.k, "error": err}, ok=False)
             return _Outcome(query, error=err)
-        results = [{"title": str(r.get("title", "")), "url": str(r.get("url", "")),
-                    "snippet": str(r.get("snippet", ""))} for r in results][: self.k]
+        results = [search_result(r) for r in results][: self.k]
         if self.cache is not None:
             self.cache.put("search", key, source, {"k": self.k, "results": results})
         return _Outcome(query, results)
@@ -246,16 +260,20 @@ class ToolBox:
             extracted = {id(p): t for p, t in zip(readable, texts)}
         parts, errors, data = [], [], []
         for p in pages:
+            kept = extracted.get(id(p), "")
             if p.error is not None:
-                body = f"Error: {p.error}"
+                body, status = f"Error: {p.error}", "error"
                 errors.append(f"{p.item}: {p.error}")
             elif not p.value:
-                body = NO_TEXT
+                body, status = NO_TEXT, "no-text"
             else:
-                body = extracted[id(p)] or NOTHING_NEW
+                body, status = kept or NOTHING_NEW, "ok" if kept else "nothing-new"
             parts.append(f"Page {p.item}:\n{body}")
-            data.append({"url": p.item, "extracted": body if p.error is None else None, "error": p.error,
-                         "cached": p.cached, "page_chars": len(p.value or "")})
+            # text: the page's readable text as extracted; kept: what the reader returned of it for the query
+            data.append({"url": p.item, "status": status, "http_status": p.http_status, "source": p.source,
+                         "cached": p.cached, "error": p.error, "text": p.value if p.error is None else None,
+                         "kept": kept if p.error is None else None, "page_chars": len(p.value or ""),
+                         "kept_chars": len(kept)})
         return ToolResult("\n\n".join(parts), not errors, "; ".join(errors) or None,
                           cached=all(p.cached for p in pages), data=data)
 
@@ -273,8 +291,8 @@ class ToolBox:
             for source in ((local_source, WEB_SOURCE) if read_local else (WEB_SOURCE,)):
                 entry = self.cache.get_fresh("page", key, source)
                 if entry is not None:
-                    return _Outcome(url, entry["text"], cached=True)
-        source = WEB_SOURCE
+                    return _Outcome(url, entry["text"], cached=True, source=source)
+        source, http_status = WEB_SOURCE, None
         try:
             text = read_local(url) if read_local is not None else None
             if text is not None:
@@ -283,15 +301,16 @@ class ToolBox:
                 # one deadline for the url, retries included: a worker never waits past it
                 deadline = time.monotonic() + self.fetcher.limits.total_timeout
                 resp = self.retry.call_by(deadline, self._fetch_live, url, deadline)
+                http_status = resp.status
                 text = page_text(resp)
         except Exception as e:
             err = _describe(e)
             if self.cache is not None:
                 self.cache.put("page", key, source, {"error": err}, ok=False)
-            return _Outcome(url, error=err)
+            return _Outcome(url, error=err, http_status=http_status, source=source)
         if self.cache is not None:
             self.cache.put("page", key, source, {"text": text})
-        return _Outcome(url, text)
+        return _Outcome(url, text, http_status=http_status, source=source)
 
     def _fetch_live(self, url: str, deadline: float | None = None):
         if self._browse_limiter is not None:

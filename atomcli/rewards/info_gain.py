@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from atomcli.agent import format as agent_format
 from atomcli.agent.episode import turn_spans
@@ -140,12 +141,14 @@ def _device(model):
     return next(model.parameters()).device
 
 
-def score_jobs(model, jobs: list[Job], *, batch_size: int = 8, reuse_prefix: bool = True
-               ) -> list[list[list[float]] | Exception]:
+def score_jobs(model, jobs: list[Job], *, batch_size: int = 8, reuse_prefix: bool = True,
+               progress: Callable[[float], None] | None = None) -> list[list[list[float]] | Exception]:
     """For each job, `scores[t][a]`: mean log-prob of alias a's answer tokens after context t.
 
     A job that fails (a context longer than the model's positions, a non-finite score) gets its
-    exception instead of scores; the other jobs are unaffected."""
+    exception instead of scores; the other jobs are unaffected. `progress(n)`: n more jobs' worth
+    of work done (fractions with reuse_prefix off, where batches mix the jobs' contexts)."""
+    report = progress or (lambda n: None)
     import torch
     out: list = [None] * len(jobs)
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -156,6 +159,7 @@ def score_jobs(model, jobs: list[Job], *, batch_size: int = 8, reuse_prefix: boo
             out[i] = ValueError(f"context and forced answer are {longest} tokens, the model's limit is {limit}")
         else:
             live.append(i)
+    report(len(jobs) - len(live))
     with torch.no_grad():
         if reuse_prefix:
             for i in live:
@@ -163,8 +167,9 @@ def score_jobs(model, jobs: list[Job], *, batch_size: int = 8, reuse_prefix: boo
                     out[i] = _check(_score_cached(model, jobs[i]))
                 except (RuntimeError, ValueError) as e:
                     out[i] = e
+                report(1)
         else:
-            results = _score_plain(model, [jobs[i] for i in live], batch_size)
+            results = _score_plain(model, [jobs[i] for i in live], batch_size, report)
             for i, res in zip(live, results):
                 try:
                     out[i] = _check(res)
@@ -217,7 +222,8 @@ def _score_cached(model, job: Job) -> list[list[float]]:
     return scores
 
 
-def _score_plain(model, jobs: list[Job], batch_size: int) -> list[list[list[float]]]:
+def _score_plain(model, jobs: list[Job], batch_size: int, report: Callable[[float], None] = lambda n: None
+                 ) -> list[list[list[float]]]:
     import torch
 
     from atomcli.train.logprobs import sequence_logprobs
@@ -261,4 +267,5 @@ def _score_plain(model, jobs: list[Job], batch_size: int) -> list[list[list[floa
             sums.setdefault(k, []).append(v)
         for k, vs in sums.items():
             means[k] = math.fsum(vs) / len(vs)
+        report(len(jobs) * len(chunk) / len(items))
     return [[[means[k] for k in row] for row in w] for w in where]

@@ -75,11 +75,17 @@ class OpenAIJudge:
         # Kept in memory only; every error message passes through _redact before it leaves.
         self._key = os.environ.get(api_key_env) or None
 
-    def complete(self, prompts: list[str]) -> list[str | JudgeError]:
+    def complete(self, prompts: list[str], progress=None) -> list[str | JudgeError]:
         if not prompts:
             return []
+
+        def one(prompt: str) -> str | JudgeError:
+            reply = self._one(prompt)
+            if progress is not None:
+                progress(1)
+            return reply
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(prompts))) as pool:
-            return list(pool.map(self._one, prompts))
+            return list(pool.map(one, prompts))
 
     def _one(self, prompt: str) -> str | JudgeError:
         body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": prompt}],
@@ -146,7 +152,7 @@ class HFJudge:
                                                 add_generation_prompt=True)
         return prompt
 
-    def complete(self, prompts: list[str]) -> list[str | JudgeError]:
+    def complete(self, prompts: list[str], progress=None) -> list[str | JudgeError]:
         out: list[str | JudgeError | None] = [None] * len(prompts)
         texts = [self._render(p) for p in prompts]
         lengths = [len(self.tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
@@ -156,6 +162,8 @@ class HFJudge:
                 out[i] = JudgeError(f"prompt of {n} tokens + {self.max_new_tokens} new tokens "
                                     f"exceeds the judge's context ({self.max_len})")
         todo = sorted((i for i in range(len(prompts)) if out[i] is None), key=lengths.__getitem__)
+        if progress is not None and len(todo) < len(prompts):
+            progress(len(prompts) - len(todo))
         for start in range(0, len(todo), self.batch_size):
             batch = todo[start:start + self.batch_size]
             try:
@@ -164,6 +172,8 @@ class HFJudge:
                 replies = [JudgeError(f"generation failed: {type(e).__name__}: {str(e)[:200]}")] * len(batch)
             for i, r in zip(batch, replies):
                 out[i] = r
+            if progress is not None:
+                progress(len(batch))
         return out
 
     def _generate(self, texts: list[str]) -> list[str]:

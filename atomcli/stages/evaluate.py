@@ -257,20 +257,24 @@ def judge_verdicts(table, config: EvalConfig, context) -> list[bool | None]:
     asked = [i for i, a in enumerate(answers) if a is not None and a.strip()]
     size = max(1, config.judge_batch)
     errors: list[str] = []
-    for start in range(0, len(asked), size):
-        rows = asked[start:start + size]
-        prompts = [judge_prompt(questions[i], golds[i] or [], answers[i]) for i in rows]
-        try:
-            replies = judge.complete(prompts)
-            if len(replies) != len(prompts):
-                raise ValueError(f"judge returned {len(replies)} replies for {len(prompts)} prompts")
-        except Exception as e:  # a judge fault loses these verdicts, never the run
-            errors.append(f"{type(e).__name__}: {e}")
-            replies = [None] * len(prompts)
-        for i, reply in zip(rows, replies):
-            verdicts[i] = parse_verdict(reply)
-            if isinstance(reply, Exception):  # the judge interface returns per-prompt faults
-                errors.append(f"{type(reply).__name__}: {reply}")
+    from atomcli import plugins
+    from atomcli.progress import Progress
+    with Progress(context, "eval judge", len(asked), "answers") as progress:
+        for start in range(0, len(asked), size):
+            rows = asked[start:start + size]
+            prompts = [judge_prompt(questions[i], golds[i] or [], answers[i]) for i in rows]
+            try:
+                replies = plugins.judge_complete(judge, prompts, progress.advance)
+                if len(replies) != len(prompts):
+                    raise ValueError(f"judge returned {len(replies)} replies for {len(prompts)} prompts")
+            except Exception as e:  # a judge fault loses these verdicts, never the run
+                errors.append(f"{type(e).__name__}: {e}")
+                replies = [None] * len(prompts)
+            for i, reply in zip(rows, replies):
+                verdicts[i] = parse_verdict(reply)
+                if isinstance(reply, Exception):  # the judge interface returns per-prompt faults
+                    errors.append(f"{type(reply).__name__}: {reply}")
+            progress.update(completed=start + len(rows))
     failed = sum(verdicts[i] is None for i in asked)
     if failed:
         context.log(f"[yellow]judge[/] {config.judge}: no verdict for {failed} of {len(asked)} answers"

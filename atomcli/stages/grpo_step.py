@@ -199,25 +199,34 @@ def run(table, config: GRPOConfig, context):
     if world.all_sum(local).item() != batch.n_tokens - batch.skipped_tokens:
         raise RuntimeError("ranks read different tables (sampled-token counts disagree)")
 
-    t0 = time.perf_counter()
-    prepare_for_training(model, config)
-    if config.old_logprobs == "recompute":
-        fill_old_logprobs(model, mbs, loss)
-    if config.beta > 0:
-        if policy.ref_is_adapter_off:
-            fill_ref_logprobs(model, mbs, loss, disable_adapter=True)
-        elif policy.ref == policy.start and policy.step == 1:
-            fill_ref_logprobs(model, mbs, loss)  # the run's first step: the policy *is* the reference
-        else:
-            ref_model, _ = models.load(policy.ref, context, trust_remote_code=config.trust_remote_code,
-                                       device=str(device))
-            fill_ref_logprobs(ref_model, mbs, loss)
-            del ref_model  # freed before the backward passes need the memory
-    ref_seconds = time.perf_counter() - t0
+    from atomcli.progress import Progress
+    passes = len(mbs) * (config.epochs + (config.old_logprobs == "recompute") + (config.beta > 0))
+    with Progress(context, f"grpo-step {policy.step}", passes, "micro-batches") as progress:
+        tick = progress.advance
+        t0 = time.perf_counter()
+        prepare_for_training(model, config)
+        if config.old_logprobs == "recompute":
+            progress.update(info="old log-probs")
+            fill_old_logprobs(model, mbs, loss, on_micro_batch=tick)
+        if config.beta > 0:
+            progress.update(info="reference log-probs")
+            if policy.ref_is_adapter_off:
+                fill_ref_logprobs(model, mbs, loss, disable_adapter=True, on_micro_batch=tick)
+            elif policy.ref == policy.start and policy.step == 1:
+                fill_ref_logprobs(model, mbs, loss, on_micro_batch=tick)  # first step: the policy *is* the reference
+            else:
+                ref_model, _ = models.load(policy.ref, context, trust_remote_code=config.trust_remote_code,
+                                           device=str(device))
+                fill_ref_logprobs(ref_model, mbs, loss, on_micro_batch=tick)
+                del ref_model  # freed before the backward passes need the memory
+        ref_seconds = time.perf_counter() - t0
 
-    optimizer = make_optimizer(model, config.lr, config.weight_decay, policy.optimizer_state, source=config.model)
-    updates = [grpo_update(model, optimizer, mbs, loss, world, zero_fill=batch.skipped > 0)
-               for _ in range(config.epochs)]
+        optimizer = make_optimizer(model, config.lr, config.weight_decay, policy.optimizer_state, source=config.model)
+        updates = []
+        for epoch in range(config.epochs):
+            progress.update(info=f"update {epoch + 1}/{config.epochs} (forward + backward)")
+            updates.append(grpo_update(model, optimizer, mbs, loss, world, zero_fill=batch.skipped > 0,
+                                       on_micro_batch=tick))
     finish_training(model, config)
 
     metrics = {**updates[0], "ref_seconds": ref_seconds, "step": policy.step, "n_trajectories": batch.n_rows,

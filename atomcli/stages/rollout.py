@@ -292,42 +292,29 @@ def rows_table(table, episodes: list[Episode], policy: str):
 # --- progress and summary (stderr) ----------------------------------------------------------
 
 class Monitor:
-    """A rich progress bar (groups, tokens/s, tool calls/s, errors) and the closing summary."""
+    """Progress (groups done of all, ETA, trajectories, tokens/s, tool calls/s, errors: atomcli.progress)
+    and the closing summary."""
 
     def __init__(self, context, n_groups: int, n_traj: int):
+        from atomcli.progress import Progress
         self.context, self.n_groups, self.n_traj = context, n_groups, n_traj
         self.t0 = time.time()
         self.tokens = self.gen_seconds = 0.0
-        self.tool_calls = self.tool_errors = self.groups = self.failed = 0
-        self.progress = self.task = None
+        self.tool_calls = self.tool_errors = self.groups = self.failed = self.trajectories = 0
+        self.progress = Progress(context, "rollout", n_groups, "groups")
 
     def __enter__(self):
-        if not self.context.quiet:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-            self.progress = Progress(TextColumn("rollout"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("groups  {task.fields[stats]}"), TimeElapsedColumn(),
-                                     console=self.context.console, transient=True)
-            self.progress.start()
-            self.task = self.progress.add_task("rollout", total=self.n_groups, stats="")
+        self.progress.__enter__()
         return self
 
     def __exit__(self, *exc):
-        if self.progress is not None:
-            self.progress.stop()
+        self.progress.__exit__(*exc)
 
     def _refresh(self):
-        if self.progress is None:
-            return
         dt = max(time.time() - self.t0, 1e-9)
-        stats = (f"{self.tokens / dt:.0f} tok/s  {self.tool_calls / dt:.1f} calls/s  "
-                 f"errors: {self.tool_errors} tool, {self.failed} trajectories")
-        self.progress.update(self.task, completed=self.groups, stats=stats)
+        stats = (f"{self.trajectories}/{self.n_traj} trajectories  {self.tokens / dt:.0f} tok/s  "
+                 f"{self.tool_calls / dt:.1f} calls/s  errors: {self.tool_errors} tool, {self.failed} trajectories")
+        self.progress.update(completed=self.groups, info=stats)
 
     def sampled(self, n: int, seconds: float):
         self.tokens += n
@@ -341,6 +328,7 @@ class Monitor:
 
     def trajectory_done(self, ep):
         self.failed += ep.finish_reason == "error"
+        self.trajectories += 1
 
     def group_done(self):
         self.groups += 1

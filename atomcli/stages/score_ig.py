@@ -117,31 +117,36 @@ def run(table, config: IGConfig, context):
     ig: list = []
     errors: list = []
     first: list = []   # the bare-question value v(0) of every scored row, for the summary
-    for start in range(0, table.num_rows, CHUNK):
-        part = table.slice(start, CHUNK)
-        cols = {c: part.column(c).to_pylist() if c in part.column_names else [None] * part.num_rows
-                for c in ("prompt_ids", "completion_ids", "loss_mask", "golden_answers", "messages", "n_turns")}
-        jobs, where, row_err = [], {}, {}
-        for i in range(part.num_rows):
-            try:
-                jobs.append(_job(chat, tok, template, {c: v[i] for c, v in cols.items()}))
-                where[i] = len(jobs) - 1
-            except ValueError as e:
-                row_err[i] = str(e)
-        scored = info_gain.score_jobs(model, jobs, batch_size=config.batch_size, reuse_prefix=config.reuse_prefix)
-        for i in range(part.num_rows):
-            res = scored[where[i]] if i in where else ValueError(row_err[i])
-            if isinstance(res, Exception):
-                turn_ig.append(None)
-                ig.append(None)
-                errors.append((str(res) if isinstance(res, ValueError) else f"{type(res).__name__}: {res}")[:500])
-                continue
-            best = [max(per_alias) for per_alias in res]
-            gains = info_gain.gains(best, config.ig)
-            turn_ig.append(gains)
-            ig.append(float(sum(gains)))
-            errors.append(None)
-            first.append(best[0])
+    from atomcli.progress import Progress
+    with Progress(context, "score-ig", table.num_rows, "trajectories") as progress:
+        for start in range(0, table.num_rows, CHUNK):
+            part = table.slice(start, CHUNK)
+            cols = {c: part.column(c).to_pylist() if c in part.column_names else [None] * part.num_rows
+                    for c in ("prompt_ids", "completion_ids", "loss_mask", "golden_answers", "messages", "n_turns")}
+            jobs, where, row_err = [], {}, {}
+            for i in range(part.num_rows):
+                try:
+                    jobs.append(_job(chat, tok, template, {c: v[i] for c, v in cols.items()}))
+                    where[i] = len(jobs) - 1
+                except ValueError as e:
+                    row_err[i] = str(e)
+            progress.advance(len(row_err))
+            scored = info_gain.score_jobs(model, jobs, batch_size=config.batch_size, reuse_prefix=config.reuse_prefix,
+                                          progress=progress.advance)
+            for i in range(part.num_rows):
+                res = scored[where[i]] if i in where else ValueError(row_err[i])
+                if isinstance(res, Exception):
+                    turn_ig.append(None)
+                    ig.append(None)
+                    errors.append((str(res) if isinstance(res, ValueError) else f"{type(res).__name__}: {res}")[:500])
+                    continue
+                best = [max(per_alias) for per_alias in res]
+                gains = info_gain.gains(best, config.ig)
+                turn_ig.append(gains)
+                ig.append(float(sum(gains)))
+                errors.append(None)
+                first.append(best[0])
+            progress.update(completed=start + part.num_rows, info=f"errors {sum(e is not None for e in errors)}")
     _summary(context, spec, config.ig, turn_ig, ig, errors, first, time.time() - t0)
     return schema.set_columns(table, {"turn_ig": turn_ig, "ig": ig, "ig_error": errors})
 

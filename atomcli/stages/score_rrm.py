@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from rich.markup import escape
 
-from atomcli import schema, stats
+from atomcli import plugins, schema, stats
 from atomcli.config import opt
 from atomcli.errors import InputError
 from atomcli.rewards.rrm_prompt import (
@@ -77,11 +77,12 @@ def _validate(config: ScoreConfig) -> None:
                              hint="retries, concurrency, batch sizes and token counts >= 1; timeout > 0")
 
 
-def score(judge, prompts: dict[int, str], counts: dict[int, int], retries: int
+def score(judge, prompts: dict[int, str], counts: dict[int, int], retries: int, *, progress=None
           ) -> tuple[dict[int, list[float]], dict[int, str]]:
     """Ask the judge for every prompt at once; re-ask only the unparseable ones.
 
-    Returns (scores by row, errors by row); every row of `prompts` is in exactly one."""
+    Returns (scores by row, errors by row); every row of `prompts` is in exactly one. `progress`
+    (atomcli.progress.Progress) advances by one per first reply and notes the retries."""
     scores: dict[int, list[float]] = {}
     errors: dict[int, str] = {}
     pending = list(prompts)
@@ -89,8 +90,14 @@ def score(judge, prompts: dict[int, str], counts: dict[int, int], retries: int
         if not pending:
             break
         asked = [prompts[i] + (RETRY_REMINDER.format(n=counts[i]) if attempt > 1 else "") for i in pending]
+        report = None
+        if progress is not None:
+            if attempt == 1:
+                report = progress.advance
+            else:
+                progress.update(info=f"re-asking {len(asked)} unparseable (attempt {attempt}/{retries})")
         try:
-            replies = list(judge.complete(asked))
+            replies = list(plugins.judge_complete(judge, asked, report))
             if len(replies) != len(asked):
                 raise RuntimeError(f"judge returned {len(replies)} replies for {len(asked)} prompts")
         except Exception as e:  # a misbehaving (third-party) judge loses these rows, never the run
@@ -122,22 +129,27 @@ def run(table, config: ScoreConfig, context):
     judge = context.judge(config.judge, **judge_options(config))  # fails before any work
     context.log(f"score-rrm: {table.num_rows} trajectories -> judge {escape(judge.name)}")
     thoughts_col, atr_col, err_col, counts = [], [], [], {}
+    from atomcli.progress import Progress
     # Chunk by chunk: the messages of 100k trajectories as Python objects, with their rendered
     # prompts, would take ~3 GB on top of the table.
-    for start in range(0, table.num_rows, CHUNK):
-        part = table.slice(start, CHUNK)
-        questions = part.column("question").to_pylist()
-        all_steps = [trajectory_steps(m) for m in part.column("messages").to_pylist()]
-        n = {i: sum(len(s.thoughts) for s in steps) for i, steps in enumerate(all_steps)}
-        prompts = {i: render_prompt(questions[i], steps, config.obs_chars)
-                   for i, steps in enumerate(all_steps) if n[i]}
-        scores, errors = score(judge, prompts, n, config.retries)
-        for i, steps in enumerate(all_steps):
-            counts[start + i] = n[i]
-            thoughts, atr, err = _row_columns(steps, scores.get(i), errors.get(i))
-            thoughts_col.append(thoughts)
-            atr_col.append(atr)
-            err_col.append(err)
+    with Progress(context, "score-rrm", table.num_rows, "trajectories") as progress:
+        for start in range(0, table.num_rows, CHUNK):
+            part = table.slice(start, CHUNK)
+            questions = part.column("question").to_pylist()
+            all_steps = [trajectory_steps(m) for m in part.column("messages").to_pylist()]
+            n = {i: sum(len(s.thoughts) for s in steps) for i, steps in enumerate(all_steps)}
+            prompts = {i: render_prompt(questions[i], steps, config.obs_chars)
+                       for i, steps in enumerate(all_steps) if n[i]}
+            progress.advance(len(all_steps) - len(prompts))  # no thoughts: nothing to ask
+            scores, errors = score(judge, prompts, n, config.retries, progress=progress)
+            for i, steps in enumerate(all_steps):
+                counts[start + i] = n[i]
+                thoughts, atr, err = _row_columns(steps, scores.get(i), errors.get(i))
+                thoughts_col.append(thoughts)
+                atr_col.append(atr)
+                err_col.append(err)
+            progress.update(completed=start + part.num_rows,
+                            info=f"judge errors {sum(e is not None for e in err_col)}")
     _summary(context, judge.name, atr_col, err_col, counts, time.time() - t0)
     return schema.set_columns(table, {"atomic_thoughts": thoughts_col, "atr": atr_col,
                                       "rrm_judge": [judge.name] * table.num_rows, "rrm_error": err_col})

@@ -14,6 +14,8 @@ template's glue are context. Each row becomes `input_ids` + `completion_mask`, w
 `--min-reward X` keeps rows with reward >= X (rejection sampling). `--lora` trains a peft
 adapter and merges it before saving, so the output is a plain checkpoint like any other.
 TRL runs in a temporary output folder; its prints go to stderr (stdout carries data only).
+Progress is atomcli.progress's (step/max_steps, ETA, the last loss), reported by a TRL
+TrainerCallback (`ProgressReport`) in place of the Trainer's printer of raw log dicts.
 """
 
 from __future__ import annotations
@@ -67,10 +69,12 @@ def run(table, config: SFTConfig, context):
                          hint="rows need assistant messages (or loss_mask = 1 tokens)")
     context.log(f"sft: {len(examples['input_ids'])} rows ({how}), {n_tokens} trained tokens")
 
+    from atomcli.progress import Progress
     trainer, out_dir = _trainer(model, tok, examples, config)
     t0 = time.perf_counter()
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # Trainer prints its logs; stdout is data
+        with contextlib.redirect_stdout(sys.stderr), Progress(context, "sft", None, "steps") as progress:
+            trainer.add_callback(progress_callback(progress))  # stdout is data: anything TRL prints goes to stderr
             trainer.train()
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -97,6 +101,25 @@ def run(table, config: SFTConfig, context):
 
 def _fmt(x):
     return "-" if x is None else f"{x:.4f}"
+
+
+def progress_callback(progress):
+    """A TRL/transformers TrainerCallback that reports step/max_steps and the last loss to `progress`."""
+    from transformers import TrainerCallback
+
+    class ProgressReport(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            progress.update(completed=state.global_step, total=state.max_steps)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            progress.update(completed=state.global_step, total=state.max_steps)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                lr = logs.get("learning_rate")
+                progress.update(info=f"loss {logs['loss']:.4f}" + (f"  lr {lr:.3g}" if lr is not None else ""))
+
+    return ProgressReport()
 
 
 def _check_config(config: SFTConfig) -> None:
@@ -225,4 +248,6 @@ def _trainer(model, tok, examples: dict, config: SFTConfig):
                                  target_modules="all-linear", task_type="CAUSAL_LM")
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_dict(examples), processing_class=tok,
                          peft_config=peft_config)
+    from transformers.trainer_callback import PrinterCallback
+    trainer.remove_callback(PrinterCallback)  # raw per-step dicts; progress_callback reports instead
     return trainer, out_dir

@@ -26,6 +26,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from atomcli.errors import InputError
 
@@ -180,12 +181,13 @@ STAT_NAMES = ("loss", "pg_loss", "kl", "entropy", "clip_low", "clip_high", "rati
 
 
 def grpo_update(model, optimizer, mbs: list[MicroBatch], config: LossSettings, world: World,
-                zero_fill: bool = False) -> dict:
+                zero_fill: bool = False, on_micro_batch: Callable[[], None] | None = None) -> dict:
     """One optimizer step over the whole (global) batch. Returns the batch-level metrics.
 
     zero_fill: rows were skipped (read_batch skip_zero), so a parameter that got no gradient
     gets an explicit 0, as the full pass would have given it: AdamW then advances its moments
-    exactly as in the full update (a None gradient would leave them untouched)."""
+    exactly as in the full update (a None gradient would leave them untouched).
+    on_micro_batch: called after each micro-batch's forward/backward (progress)."""
     import torch
 
     from atomcli.train.logprobs import sequence_logprobs
@@ -199,6 +201,8 @@ def grpo_update(model, optimizer, mbs: list[MicroBatch], config: LossSettings, w
         loss, parts = grpo_token_loss(logp, ent, mb, config)
         loss.backward()
         stats += torch.stack(parts).cpu()
+        if on_micro_batch is not None:
+            on_micro_batch()
     stats = world.all_sum(stats)
     if zero_fill:
         for p in params:
@@ -273,17 +277,20 @@ def _all_reduce_grads(params, world: World, bucket: int = 1 << 24) -> None:
 
 
 
-def fill_ref_logprobs(model, mbs: list[MicroBatch], config: LossSettings, *, disable_adapter: bool = False) -> None:
+def fill_ref_logprobs(model, mbs: list[MicroBatch], config: LossSettings, *, disable_adapter: bool = False,
+                      on_micro_batch: Callable[[], None] | None = None) -> None:
     """Reference log-probs for every micro-batch, once per step (the reference never changes)."""
-    _fill_logprobs(model, mbs, config, "ref", disable_adapter)
+    _fill_logprobs(model, mbs, config, "ref", disable_adapter, on_micro_batch)
 
 
-def fill_old_logprobs(model, mbs: list[MicroBatch], config: LossSettings) -> None:
+def fill_old_logprobs(model, mbs: list[MicroBatch], config: LossSettings, *,
+                      on_micro_batch: Callable[[], None] | None = None) -> None:
     """`--old-logprobs recompute`: the policy's own log-probs before the update stand in for the sampler's."""
-    _fill_logprobs(model, mbs, config, "old", False)
+    _fill_logprobs(model, mbs, config, "old", False, on_micro_batch)
 
 
-def _fill_logprobs(model, mbs: list[MicroBatch], config: LossSettings, attr: str, disable_adapter: bool) -> None:
+def _fill_logprobs(model, mbs: list[MicroBatch], config: LossSettings, attr: str, disable_adapter: bool,
+                   on_micro_batch: Callable[[], None] | None = None) -> None:
     import contextlib
 
     import torch
@@ -294,6 +301,8 @@ def _fill_logprobs(model, mbs: list[MicroBatch], config: LossSettings, attr: str
         for mb in mbs:
             setattr(mb, attr, sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.rows, mb.cols,
                                                 mb.targets, config.temperature)[0])
+            if on_micro_batch is not None:
+                on_micro_batch()
 
 
 def make_optimizer(model, lr: float, weight_decay: float = 0.0, state: dict | None = None, source: str = "-"):
