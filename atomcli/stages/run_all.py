@@ -115,7 +115,7 @@ DEMO = {
     # Sized from measured rates on 2 CPU cores (SFT ~60-140 tok/s fwd+bwd, sampling ~25-100 tok/s
     # depending on batch) to finish in about 30 minutes; see bench/RESULTS.md for the measured run.
     # A 135M model needs ~190 tokens for one expert-style turn: a smaller cap cuts tool calls.
-    "run-all": {"steps": 1, "questions_per_step": 2, "eval_limit": 20, "judge": "heuristic", "transfer_limit": 20},
+    "run-all": {"steps": 1, "questions_per_step": 2, "eval_limit": 20, "judge": "heuristic", "transfer_limit": 10},
     "sft": {"max_steps": 14, "lr": 3e-4, "batch_size": 4, "max_length": 2048, "warmup_ratio": 0.1,
             "gradient_checkpointing": False},
     "rollout": {"group_size": 4, "max_turns": 4, "max_new_tokens": 192, "k": 3, "temperature": 1.0,
