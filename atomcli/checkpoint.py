@@ -157,9 +157,10 @@ def _absolute_adapter_base(adapter: Path, base: str, context) -> None:
 def portable_tokenizer_config(folder: Path) -> None:
     """Rewrite a saved tokenizer_config.json so that transformers 4.x and 5.x load the same tokenizer.
 
-    5.x writes `tokenizer_class: TokenizersBackend` (4.x: "Tokenizer class TokenizersBackend does not exist")
-    and may list extra special tokens under `extra_special_tokens` as a list (4.x expects a dict there);
-    the 4.x names (`PreTrainedTokenizerFast`, `additional_special_tokens`) mean the same to 5.x."""
+    5.x writes `tokenizer_class: TokenizersBackend` (4.x: "Tokenizer class TokenizersBackend does not exist"),
+    may list extra special tokens under `extra_special_tokens` as a list (4.x expects a dict there), and keeps
+    the chat template only in chat_template.jinja (4.x before ~4.50 reads it from tokenizer_config.json); the
+    4.x names (`PreTrainedTokenizerFast`, `additional_special_tokens`, `chat_template`) mean the same to 5.x."""
     path = Path(folder) / "tokenizer_config.json"
     if not path.is_file():
         return
@@ -173,6 +174,10 @@ def portable_tokenizer_config(folder: Path) -> None:
         del cfg["extra_special_tokens"]
         if extra and "additional_special_tokens" not in cfg:
             cfg["additional_special_tokens"] = extra
+        changed = True
+    jinja = Path(folder) / "chat_template.jinja"
+    if jinja.is_file() and "chat_template" not in cfg:
+        cfg["chat_template"] = jinja.read_text(encoding="utf-8")  # the .jinja file stays, for 5.x and late 4.x
         changed = True
     if changed:
         path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -300,6 +300,7 @@ def test_checkpoint_tokenizer_names_a_class_transformers_4_knows_and_loads_the_s
     assert not isinstance(cfg.get("extra_special_tokens"), list)
     again = AutoTokenizer.from_pretrained(str(tmp_path / "ckpt"))
     original = AutoTokenizer.from_pretrained(str(tiny_model))
+    assert cfg["chat_template"] == original.chat_template  # where 4.x before chat_template.jinja looks
     text = "<|im_start|>user\nWho founded <think> Xylo Works? héllo 123</think><|im_end|>\n"
     assert again(text)["input_ids"] == original(text)["input_ids"]
     assert again.decode(again(text)["input_ids"]) == original.decode(original(text)["input_ids"])
