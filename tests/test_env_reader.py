@@ -145,18 +145,24 @@ def test_llm_reader_batches_pages_and_keeps_memory_across_calls():
     assert "It floods every spring." in model.prompts[-1][0]  # the memory is shown to the reader
 
 
+class _Local:
+    """A local backend holding one page of `text` at every url."""
+    name = "local"
+    traits = plugins.SearchTraits("local", local_documents=True)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def search(self, query, k):
+        return []
+
+    def read_local(self, url):
+        return self.text
+
+
 def test_policy_reader_through_the_toolbox(monkeypatch):
-    class Local:
-        name = "local"
-        traits = plugins.SearchTraits("local", local_documents=True)
-
-        def search(self, query, k):
-            return []
-
-        def read_local(self, url):
-            return "The Quiv River rises in Lowtown. It is 12 km long."
-
-    monkeypatch.setitem(plugins.SEARCH, "readertest", lambda arg, ctx, **o: Local())
+    page = _Local("The Quiv River rises in Lowtown. It is 12 km long.")
+    monkeypatch.setitem(plugins.SEARCH, "readertest", lambda arg, ctx, **o: page)
     model = Scripted(lambda p: 'Here you go: {"extracted": "It is 12 km long.", "continue": false}')
     tb = ToolBox("readertest", Context(quiet=True), reader="policy", reader_fn=model)
     call = parse_tool_call(json.dumps({"name": "browse_webpage",
@@ -167,16 +173,6 @@ def test_policy_reader_through_the_toolbox(monkeypatch):
 
 
 def test_judge_reader_is_loaded_lazily_and_failures_become_observations(monkeypatch):
-    class Local:
-        name = "local"
-        traits = plugins.SearchTraits("local", local_documents=True)
-
-        def search(self, query, k):
-            return []
-
-        def read_local(self, url):
-            return "Some text."
-
     class Judge:
         calls = 0
 
@@ -184,7 +180,7 @@ def test_judge_reader_is_loaded_lazily_and_failures_become_observations(monkeypa
             Judge.calls += 1
             return [JudgeError("judge server down") for _ in prompts]
 
-    monkeypatch.setitem(plugins.SEARCH, "readertest2", lambda arg, ctx, **o: Local())
+    monkeypatch.setitem(plugins.SEARCH, "readertest2", lambda arg, ctx, **o: _Local("Some text."))
     ctx = Context(quiet=True)
     loaded = []
     ctx.judge = lambda spec, **kw: loaded.append(spec) or Judge()
