@@ -172,7 +172,7 @@ def score_table(table, f1_variant: str = metrics.DEFAULT_F1, *, verdicts: list |
         "by_source": {src: _bucket(qs, judged) for src, qs in sorted(by_source.items())},
         # what `eval --compare` pairs on: each question's mean over its samples
         "per_question": {qid: {"source": q["source"],
-                               **{k: _mean(s[k] for s in q["samples"]) for k in PER_QUESTION_KEYS}}
+                               **{k: stats.mean(s[k] for s in q["samples"]) for k in PER_QUESTION_KEYS}}
                          for qid, q in sorted(questions.items(), key=lambda kv: str(kv[0]))},
     }
 
@@ -199,20 +199,16 @@ def _row_metrics(i: int, answer, gold, variant: str, get: dict, verdicts) -> dic
     }
 
 
-def _mean(values) -> float | None:
-    return stats.mean(values)
-
-
 def _bucket(questions: list[dict], judged: bool) -> dict:
     """Mean over questions of each question's mean over its samples."""
     out = {"n": len(questions), "n_trajectories": sum(len(q["samples"]) for q in questions)}
     out["samples_per_question"] = out["n_trajectories"] / out["n"]
     for key in MEAN_KEYS:
-        out[key] = _mean(_mean(s[key] for s in q["samples"]) for q in questions)
-    out["best_f1"] = _mean(max(s["f1"] for s in q["samples"]) for q in questions)
+        out[key] = stats.mean(stats.mean(s[key] for s in q["samples"]) for q in questions)
+    out["best_f1"] = stats.mean(max(s["f1"] for s in q["samples"]) for q in questions)
     if judged:
         verdicts = [s["verdict"] for q in questions for s in q["samples"]]
-        out["judge_accuracy"] = _mean(_mean(s["verdict"] for s in q["samples"]) for q in questions)
+        out["judge_accuracy"] = stats.mean(stats.mean(s["verdict"] for s in q["samples"]) for q in questions)
         out["judge_n"] = sum(v is not None for v in verdicts)
         out["judge_errors"] = sum(v is None for v in verdicts)
     else:

@@ -73,6 +73,12 @@ def question_hops(table) -> list[int]:
     return [1] * table.num_rows
 
 
+def check_curriculum(name: str) -> None:
+    if name not in CURRICULA:
+        from atomcli.errors import unknown_choice
+        raise unknown_choice("curriculum", name, CURRICULA)
+
+
 def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, seed: int = 0,
                    levels: int = 2) -> list[list[int]]:
     """Row indices of the training questions of every step (a pure function: resume redraws the same).
@@ -83,9 +89,7 @@ def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, 
     Why: a question the policy never solves gives a group of equal rewards and no gradient;
     starting where the SFT policy sometimes succeeds keeps the groups informative."""
     n = len(hops)
-    if curriculum not in CURRICULA:
-        from atomcli.errors import unknown_choice
-        raise unknown_choice("curriculum", curriculum, CURRICULA)
+    check_curriculum(curriculum)
     if curriculum == "file":
         return [[(t * per_step + i) % n for i in range(per_step)] for t in range(steps)]
     import random
@@ -220,9 +224,7 @@ class Run:
         if self.cfg.transfer_search:
             plugins.check_search_spec(self.cfg.transfer_search)
         plugins.check_judge_spec(self.cfg.judge)
-        if self.cfg.curriculum not in CURRICULA:
-            from atomcli.errors import unknown_choice
-            raise unknown_choice("curriculum", self.cfg.curriculum, CURRICULA)
+        check_curriculum(self.cfg.curriculum)  # before SFT, not at step 1
         self.first_eval: tuple[str, dict] | None = None  # what every later eval is compared with
         self.first_transfer: tuple[str, dict] | None = None
         self.t0 = time.time()

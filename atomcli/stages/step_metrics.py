@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from atomcli import stats
+from atomcli.stats import mean, mean_std
 
 # from the rewarded table
 STEP = "step"
@@ -44,14 +44,6 @@ TABLE = [STEP, ALPHA, REWARD_MEAN, REWARD_STD, F1, ATR, IG, ZERO_VAR_GROUPS, FOR
          ENTROPY, CLIP_LOW, CLIP_HIGH, GRAD_NORM, LOSS]
 
 
-def mean(xs) -> float | None:
-    return stats.mean(xs)
-
-
-def std(xs) -> float | None:
-    return stats.mean_std(xs)[1]
-
-
 def zero_variance_fraction(rewards: list, groups: list) -> float | None:
     members: dict = defaultdict(list)
     for r, g in zip(rewards, groups):
@@ -71,7 +63,7 @@ def step_line(step: int, rewarded: dict, ckpt_metrics: dict) -> dict:
         fallbacks = sum(1 for a, e, ok in zip(atr, errs, rewarded["format_ok"]) if ok and (a is None or e is not None))
     line = {
         STEP: step, ALPHA: rewarded["alpha"][0] if rewarded["alpha"] else None,
-        REWARD_MEAN: mean(rewards), REWARD_STD: std(rewards), F1: mean(rewarded["f1"]),
+        REWARD_MEAN: mean(rewards), REWARD_STD: mean_std(rewards)[1], F1: mean(rewarded["f1"]),
         ATR: mean(atr) if atr is not None else None,
         IG: mean(rewarded["ig"]) if rewarded.get("ig") is not None else None,
         ZERO_VAR_GROUPS: zero_variance_fraction(rewards, rewarded["group_id"]),
