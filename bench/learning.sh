@@ -6,7 +6,11 @@
 #      questions (run-all with steps = 0);
 #   2. arm `fused`:   `atom run-all --demo --preset learn` (ATR from the heuristic RRM, alpha 0.5 -> 0)
 #   3. arm `outcome`: the same preset with [aggregate-reward] no_atr = true (DeepResearcher's reward)
-#   4. (optional, ARMS="fused outcome hf") arm `hf`: the fused reward with the hf:smollm2 judge
+#   4. arm `fused-skip`: the fused reward, but groups whose outcomes all tie get no advantage
+#      ([aggregate-reward] flat_outcome = "skip": ATR only ranks trajectories whose F1 differs)
+#   5. arm `ig-turn`: information gain as the process reward, with per-turn credit (IGPO-style;
+#      [aggregate-reward] process = "ig", credit = "turn")
+#   6. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm starts from the same SFT checkpoint, questions, seeds and step count: its run folder is seeded
 # with the shared world/, sft/ and the SFT eval, and run-all --resume skips what exists (the same resume
@@ -35,8 +39,10 @@ arm_config() {  # arm -> the TOML layered on the learn preset
   case "$1" in
     fused)   echo "" ;;
     outcome) printf '[aggregate-reward]\nno_atr = true\n' ;;
+    fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n' ;;
+    ig-turn) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\n' ;;
     hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, hf)" >&2; exit 2 ;;
   esac
 }
 
@@ -52,6 +58,16 @@ for arm in $ARMS; do
   for f in questions.parquet sft.parquet transfer/questions.parquet transfer/sft.parquet; do
     [[ -e "$dir/eval/$f" ]] || cp "$SFT/eval/$f" "$dir/eval/$f"
   done
+  # mark the seeded folder as run-all marks its own (marker + config.json of exactly these settings),
+  # so that --resume adopts it: the same functions run-all uses, not a hand-written copy
+  [[ -e "$dir/config.json" ]] || "$PY" - "$dir" "$RUNS/$arm.toml" <<'PYEOF'
+import sys
+from pathlib import Path
+from atomcli.context import Context
+from atomcli.stages import run_all
+out = Path(sys.argv[1])
+run_all._mark(out, run_all.prepare(out, True, False, sys.argv[2], Context(quiet=True), "learn", build=False))
+PYEOF
   echo "== arm $arm: $(date -u +%FT%TZ)" >&2
   atom run-all --demo --preset learn --config "$RUNS/$arm.toml" --out "$dir" --resume 2>&1 | tee "$RUNS/$arm.log"
 done

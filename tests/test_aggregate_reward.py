@@ -91,6 +91,39 @@ def test_zero_variance_group_and_group_of_one_get_zero_advantage():
     assert [r["advantage"] for r in out] == [0.0, 0.0, 0.0]
 
 
+def test_flat_outcome_skip_zeroes_only_groups_whose_outcomes_tie():
+    rows = [{"group": "fail", "answer": "Rome", "atr": 0.9}, {"group": "fail", "answer": "Lyon", "atr": 0.1},
+            {"group": "bad", "answer": "Rome", "atr": 0.9, "ok": False},
+            {"group": "bad", "answer": "Rome", "atr": 0.1, "ok": False},
+            {"group": "mixed", "answer": "Paris", "atr": 0.2}, {"group": "mixed", "answer": "Rome", "atr": 0.9}]
+    fused = run(table(rows), AggregateConfig(step=0, total_steps=10), CTX).to_pylist()
+    skip = run(table(rows), AggregateConfig(step=0, total_steps=10, flat_outcome="skip"), CTX).to_pylist()
+    # by default ATR alone ranks the all-F1-0 group; with skip it gets no signal, and the ill-formed
+    # group (outcome -1 twice) has none either way; rewards are unchanged
+    assert [r["advantage"] for r in fused[:2]] == pytest.approx([1.0, -1.0], abs=1e-5)
+    assert [r["advantage"] for r in skip[:4]] == [0.0, 0.0, 0.0, 0.0]
+    assert [r["reward"] for r in skip] == [r["reward"] for r in fused]
+    # a group whose outcomes differ keeps the fused advantage: 0.5*0.2+0.5*1 = 0.6 vs 0.45 -> +-1
+    assert [r["advantage"] for r in skip[4:]] == pytest.approx([1.0, -1.0], abs=1e-4)
+    assert [r["advantage"] for r in skip[4:]] == [r["advantage"] for r in fused[4:]]
+
+
+def test_flat_outcome_skip_zeroes_turn_advantages_too():
+    rows = [{"group": "fail", "answer": "Rome", "atr": 0.9}, {"group": "fail", "answer": "Lyon", "atr": 0.1}]
+    t = table(rows).append_column("atomic_thoughts", pa.array(
+        [[{"turn": 0, "score": 9.0}], [{"turn": 0, "score": 1.0}]]))
+    cfg = dict(step=0, total_steps=10, credit="turn")
+    assert run(t, AggregateConfig(**cfg), CTX).column("turn_advantages").to_pylist()[0][0] > 0
+    got = run(t, AggregateConfig(**cfg, flat_outcome="skip"), CTX).column("turn_advantages").to_pylist()
+    assert got == [[0.0], [0.0]]
+
+
+def test_equal_rewards_give_exactly_zero_advantage_despite_rounding():
+    # mean(0.1, 0.1, 0.1) = 0.10000000000000002: without the tie rule (r - mean)/1e-6 = -1.4e-11,
+    # which grpo-step would not skip
+    assert advantages([0.1, 0.1, 0.1], ["g", "g", "g"]) == [0.0, 0.0, 0.0]
+
+
 def test_std_is_the_population_std():
     # rewards [0, 1]: population std 0.5 -> advantages -1, 1 (torch.std's unbiased 0.707 would give +-0.707)
     assert advantages([0.0, 1.0], ["g", "g"]) == pytest.approx([-1.0, 1.0], rel=1e-5)
@@ -138,6 +171,7 @@ def test_other_columns_pass_through_and_rerun_replaces_in_place():
     AggregateConfig(step=-1, total_steps=10), AggregateConfig(step=0, total_steps=0),
     AggregateConfig(step=11, total_steps=10), AggregateConfig(schedule="exp"),
     AggregateConfig(alpha0=1.5), AggregateConfig(alpha0=float("nan")), AggregateConfig(f1="bag"),
+    AggregateConfig(flat_outcome="drop"),
 ])
 def test_bad_options_are_input_errors(cfg):
     with pytest.raises(InputError):

@@ -29,6 +29,16 @@ torch.std, the unbiased estimate (divide by G − 1), so their advantages are sm
 factor sqrt((G − 1)/G) — 0.968 for G = 16 — and verl gives a group of one its raw reward.
 A group whose rewards are all equal gets advantage 0 for every member (no signal): counted.
 
+Flat outcomes (`--flat-outcome`). A group whose outcomes (f1, −1 when ill formed) are all
+equal — every sample failed a question the policy cannot yet solve, or all solved it — still
+gets a spread of rewards from the process reward alone, so by default (`process`, Atom-
+Searcher's fusion as written) the policy is trained on the judge alone there. With `skip`
+such a group's advantages (and turn advantages) are 0: the process reward then only ranks
+trajectories whose outcomes differ. Why: with a stand-in judge (the heuristic RRM) the
+learning study (bench/LEARNING.md) found the policy optimized on the judge alone once the
+hard questions' groups were all F1 = 0, and the outcome-only reward, which skips such
+groups, learned more; `skip` keeps the fusion where the outcome has signal.
+
 Turn-level credit (`--credit turn`, IGPO). `reward` and `advantage` stay the trajectory-level
 values above (the summary and the step metrics read them; grpo-step falls back to
 `advantage`), and `turn_advantages` adds one advantage per assistant turn (the runs of 1s in
@@ -78,6 +88,7 @@ from atomcli.rewards import metrics
 SCHEDULES = ("linear", "cosine", "constant", "none")
 PROCESSES = ("atr", "ig", "none")
 CREDITS = ("trajectory", "turn")
+FLAT_OUTCOMES = ("process", "skip")
 EPS = 1e-6
 # the columns each process reward needs, and with --credit turn its per-turn form
 PROCESS_COLUMNS = {"atr": ["atr", "rrm_error"], "ig": ["ig", "ig_error"], "none": []}
@@ -97,6 +108,8 @@ class AggregateConfig:
                                     "turn, `turn_advantages` (IGPO), which grpo-step then trains on")
     gamma: float = opt(1.0, "with --credit turn: discount of later turns' rewards and of the outcome")
     no_std: bool = opt(False, "advantage without dividing by the group std (Dr. GRPO)")
+    flat_outcome: str = opt("process", "a group whose outcomes (F1, -1 ill formed) are all equal: process (ranked "
+                                       "by the process reward alone, Atom-Searcher) or skip (advantage 0)")
     f1: str = opt(metrics.DEFAULT_F1, "F1 scorer: squad (SQuAD v1.1), hotpot (HotpotQA/FlashRAG), "
                                       "set (DeepResearcher); token = squad")
 
@@ -114,6 +127,8 @@ def check(config: AggregateConfig) -> None:
         raise InputError(f"--no-atr contradicts --process {config.process}", hint="--no-atr means --process none")
     if config.credit not in CREDITS:
         raise unknown_choice("credit", config.credit, CREDITS)
+    if config.flat_outcome not in FLAT_OUTCOMES:
+        raise unknown_choice("flat-outcome", config.flat_outcome, FLAT_OUTCOMES)
     if not (math.isfinite(config.gamma) and 0 <= config.gamma <= 1):
         raise InputError(f"--gamma must be in [0, 1] (got {config.gamma})")
 
@@ -159,6 +174,8 @@ def advantages(rewards: list[float], groups: list, *, no_std: bool = False) -> l
         vals = [rewards[i] for i in rows]
         mean = sum(vals) / len(vals)
         std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+        if max(vals) == min(vals):  # exactly 0, not a rounding residue /1e-6: grpo-step skips these rows
+            continue
         for i in rows:
             out[i] = rewards[i] - mean if no_std else (rewards[i] - mean) / (std + EPS)
     return out
@@ -190,6 +207,14 @@ def turn_advantages(turn_rewards: list, outcome: list[float], groups: list, n_tu
             adv[t] = alpha * ret + (1 - alpha) * gamma ** (last - t) * out_adv[i]
         result.append(adv)
     return result
+
+
+def flat_groups(outcome: list[float], groups: list) -> set:
+    """Groups of two or more rows whose outcomes are all equal (a group of one has advantage 0 anyway)."""
+    members: dict = defaultdict(list)
+    for o, g in zip(outcome, groups):
+        members[g].append(o)
+    return {g for g, os in members.items() if len(os) > 1 and max(os) == min(os)}
 
 
 def _check_atr(atr: list, source: str = "-") -> None:
@@ -286,15 +311,18 @@ def run(table, config: AggregateConfig, context):
         else:
             reward.append(a * proc[i] + (1 - a) * f1[i])
     adv = advantages(reward, groups, no_std=config.no_std)
+    outcome = [f1[i] if ok[i] else -1.0 for i in range(n)]
+    flat = flat_groups(outcome, groups) if config.flat_outcome == "skip" and config.process != "none" else set()
+    adv = [0.0 if g in flat else x for x, g in zip(adv, groups)]
     cols = {"f1": f1, "em": em, "format_penalty": [0.0 if o else -1.0 for o in ok], "alpha": [a] * n,
             "reward": reward, "advantage": adv}
     if config.credit == "turn":
         n_turns = _turn_counts(table)
         usable = [ok[i] and not failed[i] for i in range(n)]
-        outcome = [f1[i] if ok[i] else -1.0 for i in range(n)]
-        cols["turn_advantages"] = turn_advantages(_turn_rewards(table, config, usable, n_turns), outcome, groups,
-                                                  n_turns, alpha=a, gamma=config.gamma, no_std=config.no_std)
-    _summary(context, config, a, reward, f1, em, ok, [failed[i] and ok[i] for i in range(n)], groups)
+        turn_adv = turn_advantages(_turn_rewards(table, config, usable, n_turns), outcome, groups,
+                                   n_turns, alpha=a, gamma=config.gamma, no_std=config.no_std)
+        cols["turn_advantages"] = [[0.0] * len(ta) if g in flat else ta for ta, g in zip(turn_adv, groups)]
+    _summary(context, config, a, reward, f1, em, ok, [failed[i] and ok[i] for i in range(n)], groups, len(flat))
     return schema.set_columns(table, cols)
 
 
@@ -303,7 +331,7 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return (float("nan"), float("nan")) if m is None else (m, s)
 
 
-def _summary(context, config, a, reward, f1, em, ok, fallback, groups) -> None:
+def _summary(context, config, a, reward, f1, em, ok, fallback, groups, skipped_flat: int = 0) -> None:
     if context.quiet:
         return
     from rich.table import Table
@@ -328,6 +356,8 @@ def _summary(context, config, a, reward, f1, em, ok, fallback, groups) -> None:
         who = "judge" if config.process == "atr" else "score-ig"
         t.add_row(f"{who} fallbacks (f1 only)", f"{sum(fallback)}")
     t.add_row("zero-variance groups", f"{flat} of {len(members)}" + (" (no learning signal)" if flat else ""))
+    if config.flat_outcome == "skip" and config.process != "none":
+        t.add_row("flat-outcome groups (advantage 0)", f"{skipped_flat} of {len(members)}")
     t.add_row("advantage", "R - mean (no std)" if config.no_std else "(R - mean) / (population std + 1e-6)")
     context.console.print(t)
     if singles:

@@ -20,6 +20,7 @@ REWARD_MEAN, REWARD_STD = "reward_mean", "reward_std"
 F1, ATR = "f1", "atr"
 IG = "ig"                                     # mean information gain (score-ig), when the step used it
 ZERO_VAR_GROUPS = "zero_variance_groups"      # fraction of groups whose rewards are all equal
+FLAT_OUTCOME_GROUPS = "flat_outcome_groups"   # fraction of groups whose outcomes (F1, -1 ill formed) are all equal
 FORMAT_ERROR = "format_error_rate"
 SEARCHES, BROWSES, TURNS = "searches", "browses", "turns"
 RESPONSE_TOKENS = "response_tokens"           # tokens the policy sampled per trajectory
@@ -34,13 +35,14 @@ FROM_CHECKPOINT = (LOSS, KL, ENTROPY, CLIP_LOW, CLIP_HIGH, GRAD_NORM, TOKENS_PER
 
 # (key, plot title) in plot order
 CURVES = [(REWARD_MEAN, "reward mean"), (REWARD_STD, "reward std"), (F1, "train F1"), (ATR, "ATR"), (IG, "information gain"),
-          (ALPHA, "alpha"), (ZERO_VAR_GROUPS, "zero-variance groups"), (KL, "KL to reference"),
+          (ALPHA, "alpha"), (ZERO_VAR_GROUPS, "zero-variance groups"),
+          (FLAT_OUTCOME_GROUPS, "flat-outcome groups"), (KL, "KL to reference"),
           (ENTROPY, "entropy"), (CLIP_LOW, "clip fraction (low)"), (CLIP_HIGH, "clip fraction (high)"),
           (GRAD_NORM, "grad norm"), (RESPONSE_TOKENS, "sampled tokens / trajectory"),
           (SEARCHES, "searches / trajectory"), (BROWSES, "browses / trajectory"),
           (FORMAT_ERROR, "format-error rate"), (JUDGE_FALLBACKS, "judge fallbacks")]
 # columns of the summary's step table
-TABLE = [STEP, ALPHA, REWARD_MEAN, REWARD_STD, F1, ATR, IG, ZERO_VAR_GROUPS, FORMAT_ERROR, SEARCHES, KL,
+TABLE = [STEP, ALPHA, REWARD_MEAN, REWARD_STD, F1, ATR, IG, ZERO_VAR_GROUPS, FLAT_OUTCOME_GROUPS, FORMAT_ERROR, SEARCHES, KL,
          ENTROPY, CLIP_LOW, CLIP_HIGH, GRAD_NORM, LOSS]
 
 
@@ -67,6 +69,8 @@ def step_line(step: int, rewarded: dict, ckpt_metrics: dict) -> dict:
         ATR: mean(atr) if atr is not None else None,
         IG: mean(rewarded["ig"]) if rewarded.get("ig") is not None else None,
         ZERO_VAR_GROUPS: zero_variance_fraction(rewards, rewarded["group_id"]),
+        FLAT_OUTCOME_GROUPS: zero_variance_fraction(
+            [f if ok else -1.0 for f, ok in zip(rewarded["f1"], rewarded["format_ok"])], rewarded["group_id"]),
         FORMAT_ERROR: mean([0.0 if ok else 1.0 for ok in rewarded["format_ok"]]),
         SEARCHES: mean(rewarded["n_search"]), BROWSES: mean(rewarded["n_browse"]), TURNS: mean(rewarded["n_turns"]),
         RESPONSE_TOKENS: mean([sum(m) for m in rewarded["loss_mask"]]),
