@@ -21,7 +21,9 @@ tokenizers as `TokenizersBackend`, a class 4.x does not have; `PreTrainedTokeniz
 same class in 5.x (an alias) and the generic fast tokenizer in 4.x (portable_tokenizer_config).
 
 Everything is written into a temporary folder and renamed into place (tableio.atomic_dir).
-Under torch.distributed only rank 0 writes.
+Under torch.distributed only rank 0 writes; what was sharded over ranks (FSDP weights, AdamW
+moments) arrives already gathered (atomcli.train.accel), so the files are the same for any
+launch and any world size resumes them.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class TrainResult:
     optimizer_state: dict | None = None
     ref: str | None = None           # the run's reference checkpoint for the KL term
     extra: dict = field(default_factory=dict)  # more fields for atom_state.json
+    state_dict: dict | None = None   # full weights gathered from sharded ranks (FSDP); None: read `model`
 
 
 def spec_id(spec: str) -> str:
@@ -129,6 +132,8 @@ def save(result: TrainResult, out: str, *, stage: str, config: Any = None, conte
             _absolute_adapter_base(tmp / ADAPTER_DIR, result.lora_base or result.base, context)
             lm = result.model.get_base_model()
             lm.save_pretrained(tmp, state_dict=merged_state_dict(result.model))
+        elif result.state_dict is not None:
+            unsharded_copy(result.model, result.state_dict).save_pretrained(tmp)
         else:
             result.model.save_pretrained(tmp)
         result.tokenizer.save_pretrained(tmp)
@@ -138,6 +143,24 @@ def save(result: TrainResult, out: str, *, stage: str, config: Any = None, conte
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
         (tmp / METRICS_FILE).write_text(json.dumps(schema._jsonable(result.metrics), indent=1) + "\n",
                                         encoding="utf-8")
+
+
+def unsharded_copy(model, state_dict: dict):
+    """A plain model holding `state_dict` (gathered from FSDP ranks), built without allocating weights.
+
+    save_pretrained on the sharded live model would read its DTensors, which gathers, on rank 0 alone."""
+    import torch
+    cls = type(model)
+    if cls.__name__.startswith("FSDP"):  # FSDP2 swaps in a subclass; the model's own class follows it
+        cls = next(c for c in cls.__mro__[1:] if not c.__name__.startswith("FSDP"))
+    with torch.device("meta"):
+        copy = cls(model.config)
+    copy.load_state_dict(state_dict, strict=False, assign=True)
+    if getattr(model, "generation_config", None) is not None:
+        copy.generation_config = model.generation_config
+    if hasattr(copy, "tie_weights"):
+        copy.tie_weights()
+    return copy
 
 
 def _absolute_adapter_base(adapter: Path, base: str, context) -> None:

@@ -317,6 +317,9 @@ def demo_world_cmd(
     sft: Annotated[int, typer.Option("--sft", help="Scripted-expert SFT trajectories.")] = 200,
     real: Annotated[Optional[str], typer.Option("--real", help="Instead, write the shipped real-text benchmark "
                                                 "NAME (sqlite: SQLite's documentation); the other flags are ignored.")] = None,
+    style: Annotated[str, typer.Option("--style", help="classic (the default world and expert) or research "
+                                       "(namesakes, longer pages, an expert that rewrites queries and browses; "
+                                       "the SFT set adds real-text train questions).")] = "classic",
 ):
     """Write the embedded fictional research world (corpus, questions, SFT set, index)."""
     if real is not None:
@@ -326,7 +329,8 @@ def demo_world_cmd(
         real_docs.build(real, Path(out), context=_context())
         return
     from atomcli.demo import world as demo_world
-    demo_world.main(out, seed=seed, articles=articles, train=train, test=test, sft=sft, context=_context())
+    demo_world.main(out, seed=seed, articles=articles, train=train, test=test, sft=sft, style=style,
+                    context=_context())
 
 
 @app.command("show", cls=AtomCommand)

@@ -1,6 +1,7 @@
-"""One JSON POST to an OpenAI-compatible endpoint, shared by the judge and the rollout engine.
+"""One JSON POST (or GET) to an OpenAI-compatible endpoint, shared by the judge, the rollout engine
+and the policy sync (atomcli.engines.policy_sync).
 
-Owns what both clients must do the same way: the request itself (stdlib HTTP, JSON body,
+Owns what every client must do the same way: the request itself (stdlib HTTP, JSON body,
 optional Bearer key), the classification of failures (timeouts, connection errors, HTTP 429
 and 5xx are transient: `retry.ToolFault`, with the server's Retry-After; any other HTTP
 status concerns this one request: the caller's permanent error type), a cap on the size of
@@ -77,10 +78,26 @@ def post_json(url: str, body: bytes, *, key: str | None, timeout: float, max_byt
     raise permanent_error(f"{what} redirected more than {MAX_REDIRECTS} times")
 
 
-def _post_once(url: str, body: bytes, headers: dict, *, timeout: float, max_bytes: int, what: str,
-               key: str | None, permanent_error: type[Exception]) -> bytes | tuple[int, str]:
-    """One POST: the body, or (status, Location) of a redirect, which is never followed here."""
-    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+def get_json(url: str, *, key: str | None, timeout: float, max_bytes: int, what: str,
+             permanent_error: type[Exception]) -> bytes:
+    """GET `url` (a server's state: its models, its weight version); the raw response body.
+
+    Faults as in `post_json`; a redirect is never followed (a permanent error naming the status)."""
+    headers = {"Accept": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    got = _post_once(url, None, headers, timeout=timeout, max_bytes=max_bytes, what=what, key=key,
+                     permanent_error=permanent_error, method="GET")
+    if isinstance(got, bytes):
+        return got
+    raise permanent_error(f"{what} answered HTTP {got[0]}, a redirect; not followed (set the base url to the "
+                          "server's real address)")
+
+
+def _post_once(url: str, body: bytes | None, headers: dict, *, timeout: float, max_bytes: int, what: str,
+               key: str | None, permanent_error: type[Exception], method: str = "POST") -> bytes | tuple[int, str]:
+    """One request (POST unless `method`): the body, or (status, Location) of a redirect, never followed here."""
+    req = urllib.request.Request(url, data=body, headers=headers, method=method)
     try:
         with _OPENER.open(req, timeout=timeout) as resp:
             raw = resp.read(max_bytes + 1)

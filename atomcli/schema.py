@@ -46,6 +46,10 @@ COLUMNS: dict[str, Column] = {c.name: c for c in [
     Column("group_id", pa.string(), "rollout", "GRPO group (one question, G samples)"),
     Column("sample_idx", pa.int32(), "rollout", "index of the sample within its group"),
     Column("policy", pa.string(), "rollout", "model that produced the trajectory"),
+    Column("policy_version", pa.string(), "rollout",
+           "version of the served policy that answered (OpenAI engine with --policy-version, which run-all "
+           "sets after each policy sync: the checkpoint's stage/step and a hash of its files); null for a "
+           "policy loaded in-process (`policy` names its checkpoint)"),
     Column("messages", pa.list_(MESSAGE), "rollout", "system, user, assistant and tool turns"),
     Column("answer", pa.string(), "rollout", "text inside the final <answer>, null if none"),
     Column("finish_reason", pa.string(), "rollout", "answer | max_turns | length | error"),
@@ -93,7 +97,8 @@ STAGE_INPUTS: dict[str, list[str]] = {
 
 
 # Columns whose nulls mean something (no answer, a scorer's recorded failure): never refused at entry.
-NULLABLE = ("answer", "atr", "rrm_error", "data_source", "turn_ig", "ig", "ig_error", "turn_advantages")
+NULLABLE = ("answer", "policy_version", "atr", "rrm_error", "data_source", "turn_ig", "ig", "ig_error",
+            "turn_advantages")
 
 
 def missing_golden(table: pa.Table, context=None, stage: str = "", consequence: str = "") -> list[int]:

@@ -10,7 +10,9 @@
 #      ([aggregate-reward] flat_outcome = "skip": ATR only ranks trajectories whose F1 differs)
 #   5. arm `ig-turn`: information gain as the process reward, with per-turn credit (IGPO-style;
 #      [aggregate-reward] process = "ig", credit = "turn")
-#   6. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#   6. arms `t07-fused-skip`, `t07-outcome`: the same rewards as fused-skip and outcome with the
+#      training rollouts sampled at temperature 0.7 instead of 1.0 (evals are greedy either way)
+#   7. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm starts from the same SFT checkpoint, questions, seeds and step count: its run folder is seeded
 # with the shared world/, sft/ and the SFT eval, and run-all --resume skips what exists (the same resume
@@ -41,8 +43,10 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     outcome) printf '[aggregate-reward]\nno_atr = true\n' ;;
     fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n' ;;
     ig-turn) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\n' ;;
+    t07-fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n[rollout]\ntemperature = 0.7\n' ;;
+    t07-outcome) printf '[aggregate-reward]\nno_atr = true\n[rollout]\ntemperature = 0.7\n' ;;
     hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, hf)" >&2; exit 2 ;;
   esac
 }
 

@@ -29,9 +29,28 @@ Instead of a callable, `responder` may be a constant (any value above) or a `lis
 consumed one per request in order (the last one repeats), e.g. `[500, 500, "[1, 2]"]`.
 `server.responder` can be reassigned between requests.
 
-`GET /v1/models` lists one model (`server.model_name`) so that health checks work.
+`GET /v1/models` lists the base model (`server.model_name`) and every loaded LoRA adapter.
 Every request (POST and GET) is recorded in `server.requests` as a `Recorded` with
 `method`, `path`, `headers` (a plain dict, as sent), `json` (None for GET or bad JSON) and `raw`.
+
+Policy updates (the routes atomcli.engines.policy_sync drives; they change what the fake serves,
+so a responder can answer as the old or the new policy: `server.policy_for(body["model"])` is the
+adapter path, or the base weights' path, that would answer a request for that model name):
+
+- vLLM runtime LoRA (`runtime_lora=True`, as with VLLM_ALLOW_RUNTIME_LORA_UPDATING): `POST
+  /v1/load_lora_adapter {lora_name, lora_path}` (400 if the name is taken or the path is no
+  folder; 200 with vLLM's text body), `POST /v1/unload_lora_adapter {lora_name}`.
+- SGLang: `POST /update_weights_from_disk {model_path, weight_version?}` -> `{success, message,
+  num_paused_requests}` (400, success false, for a missing path); `GET /model_info` and the older
+  `GET /get_model_info` -> `{model_path, weight_version, is_generation}`.
+- vLLM dev mode (`dev_mode=True`, as with VLLM_SERVER_DEV_MODE=1): `POST /collective_rpc {method:
+  "reload_weights", kwargs: {weights_path}}`, `POST /update_weight_version {new_version}`, `GET
+  /weight_info` -> `{weight_version}`.
+
+`server.weights` (starts as `model_name`), `server.weight_version` (starts "default") and
+`server.adapters` ({name: path}) hold that state; `server.updates` lists (route, body) of each
+update in order. With `strict_models=True` a completion for a model name the server does not
+serve gets vLLM's 404, as a real server would answer a stale adapter name.
 """
 
 from __future__ import annotations
@@ -56,9 +75,15 @@ class Recorded:
 class FakeOpenAI:
     """An OpenAI-compatible server on 127.0.0.1 for the duration of a `with` block."""
 
-    def __init__(self, responder: Any = "", *, model_name: str = "fake-model"):
+    def __init__(self, responder: Any = "", *, model_name: str = "fake-model", runtime_lora: bool = True,
+                 dev_mode: bool = True, strict_models: bool = False):
         self.responder = responder
         self.model_name = model_name
+        self.runtime_lora, self.dev_mode, self.strict_models = runtime_lora, dev_mode, strict_models
+        self.weights = model_name
+        self.weight_version = "default"
+        self.adapters: dict[str, str] = {}
+        self.updates: list[tuple[str, Any]] = []
         self.requests: list[Recorded] = []
         self._lock = threading.Lock()
         self._calls = 0
@@ -106,6 +131,72 @@ class FakeOpenAI:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    # --- what it serves ---------------------------------------------------------------------
+
+    def policy_for(self, model: Any) -> str | None:
+        """The adapter path or base weights that answer a request for `model` (None: not served)."""
+        with self._lock:
+            if model in self.adapters:
+                return self.adapters[model]
+            if model == self.model_name or not self.strict_models:
+                return self.weights
+            return None
+
+    def served_models(self) -> list[dict]:
+        with self._lock:
+            return [{"id": self.model_name, "object": "model", "owned_by": "fake", "root": self.weights,
+                     "parent": None}] + [{"id": n, "object": "model", "owned_by": "fake", "root": p,
+                                          "parent": self.model_name} for n, p in self.adapters.items()]
+
+    def _update(self, route: str, body: Any) -> tuple[int, Any]:
+        """A policy-changing request -> (status, JSON object or text), or (0, None): not such a route."""
+        import os
+        if route == "/v1/load_lora_adapter" and self.runtime_lora:
+            name, path = body.get("lora_name"), body.get("lora_path")
+            with self._lock:
+                if name in self.adapters:
+                    return 400, {"error": {"message": f"The lora adapter '{name}' has already been loaded.",
+                                           "code": 400}}
+                if not isinstance(path, str) or not os.path.isdir(path):
+                    return 400, {"error": {"message": f"No adapter found for {path}", "code": 400}}
+                self.adapters[name] = path
+                self.updates.append((route, body))
+            return 200, f"Success: LoRA adapter '{name}' added successfully."
+        if route == "/v1/unload_lora_adapter" and self.runtime_lora:
+            name = body.get("lora_name")
+            with self._lock:
+                if self.adapters.pop(name, None) is None:
+                    return 404, {"error": {"message": f"The lora adapter '{name}' cannot be found.", "code": 404}}
+                self.updates.append((route, body))
+            return 200, f"Success: LoRA adapter '{name}' removed successfully."
+        if route == "/update_weights_from_disk":
+            path = body.get("model_path")
+            if not isinstance(path, str) or not os.path.exists(path):
+                return 400, {"success": False, "message": f"Failed to get weights iterator: {path}",
+                             "num_paused_requests": 0}
+            with self._lock:
+                self.weights = path
+                if body.get("weight_version") is not None:
+                    self.weight_version = str(body["weight_version"])
+                self.updates.append((route, body))
+            return 200, {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+        if route == "/collective_rpc" and self.dev_mode:
+            if body.get("method") != "reload_weights":
+                return 500, {"error": {"message": f"no method {body.get('method')}", "code": 500}}
+            path = (body.get("kwargs") or {}).get("weights_path")
+            if not isinstance(path, str) or not os.path.exists(path):
+                return 500, {"error": {"message": f"cannot load {path}", "code": 500}}
+            with self._lock:
+                self.weights = path
+                self.updates.append((route, body))
+            return 200, {"results": [None]}
+        if route == "/update_weight_version" and self.dev_mode:
+            with self._lock:
+                self.weight_version = str(body.get("new_version"))
+                self.updates.append((route, body))
+            return 200, {"success": True, "new_version": self.weight_version}
+        return 0, None
+
     # --- what the handler asks --------------------------------------------------------------
 
     def _record(self, rec: Recorded) -> None:
@@ -133,9 +224,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.owner._record(Recorded("GET", self.path, dict(self.headers.items()), None, b""))
-        if self.path.rstrip("/").endswith("/models"):
-            self._send_json(200, {"object": "list", "data": [
-                {"id": self.owner.model_name, "object": "model", "owned_by": "fake"}]})
+        route = self.path.split("?")[0].rstrip("/")
+        owner = self.owner
+        if route.endswith("/models"):
+            self._send_json(200, {"object": "list", "data": owner.served_models()})
+        elif route in ("/model_info", "/get_model_info"):
+            self._send_json(200, {"model_path": owner.weights, "weight_version": owner.weight_version,
+                                  "is_generation": True})
+        elif route == "/weight_info" and owner.dev_mode:
+            self._send_json(200, {"weight_version": owner.weight_version})
         else:
             self._send_error(404, f"no route {self.path}")
 
@@ -149,6 +246,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.owner._record(Recorded("POST", self.path, dict(self.headers.items()), body, raw))
         if body is None:
             self._send_error(400, "request body is not JSON")
+            return
+        status, answer = self.owner._update(self.path.split("?")[0].rstrip("/"), body) \
+            if isinstance(body, dict) else (0, None)
+        if status:
+            if isinstance(answer, str):
+                self._send_text(status, answer)
+            else:
+                self._send_json(status, answer)
+            return
+        if isinstance(body, dict) and self.owner.policy_for(body.get("model")) is None:
+            self._send_error(404, f"The model `{body.get('model')}` does not exist.")
             return
         reply = self.owner._next_reply(body, self.path)
         self._answer(reply, body)
@@ -181,6 +289,14 @@ class _Handler(BaseHTTPRequestHandler):
         data = json.dumps(obj).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_text(self, status: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

@@ -205,3 +205,28 @@ def test_smollm2_without_tools_cannot_answer(world_dir):
     assert all(preds), "the model produced text"
     f1 = sum(metrics.f1(p, q["golden_answers"]) for p, q in zip(preds, test)) / len(test)
     assert f1 <= 0.10, (f1, preds[:5])
+
+
+# Computed from the code at bdc2e72 (before the research style existed): the default world that
+# run-all builds (seed 0, default sizes) must keep these bytes, so measurements stay reproducible.
+CLASSIC_SEED0_SHA256 = {
+    "corpus.jsonl": "bdd87ef804beec9aaac02ba96b0c94a82415bf72a39dd23187c3fa12218bf279",
+    "train.jsonl": "e620e16bacb730a9950680cd1caaba1988ccda3977069e2b45babc9bff8c4d23",
+    "test.jsonl": "769e0f350895b5e9f05ffd011d7d83ff2654ac7008b509e8231f77e54eeef269",
+}
+CLASSIC_SEED0_SFT_ROWS_SHA256 = "9b70dad0ee05bc0d7e94eeb1615d371e2de886a8dc33e6635735222545acfa7d"
+
+
+def test_classic_default_world_is_pinned(tmp_path):
+    """The classic style (the default) writes exactly what it wrote before other styles existed."""
+    import hashlib
+    out = tmp_path / "classic"
+    demo_world.main(str(out), seed=0, context=Context(quiet=True))
+    for name, digest in CLASSIC_SEED0_SHA256.items():
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest, name
+    table = pq.read_table(out / "sft.parquet")
+    rows = json.dumps(table.to_pylist(), sort_keys=True, ensure_ascii=False).encode()
+    # the rows, not the file bytes: a pyarrow upgrade may re-encode the same rows differently
+    assert hashlib.sha256(rows).hexdigest() == CLASSIC_SEED0_SFT_ROWS_SHA256
+    assert schema.provenance(table)[-1]["config"] == {"seed": 0, "articles": 2400, "train": 400, "test": 100,
+                                                       "sft": 200, "k": 3, "date": "2026-01-01"}

@@ -20,7 +20,7 @@ from atomcli import checkpoint, models, schema, tableio
 from atomcli.context import Context
 from atomcli.errors import InputError
 from atomcli.stages import grpo_step
-from atomcli.train import grpo
+from atomcli.train import accel, grpo
 
 THINK = ["<think><PLAN>search for {q}</PLAN></think><tool_call>{{\"name\": \"web_search\", "
          "\"arguments\": {{\"query\": [\"{q}\"]}}}}</tool_call>",
@@ -253,13 +253,10 @@ class CaptureGrads:
 
 
 class FakeWorld:
-    """A rank of a 2-process job whose all-reduce is left to the test (sums the ranks' gradients)."""
+    """A rank of a 2-process job, run alone: the test sums the ranks' gradients itself."""
 
     def __init__(self, rank, size):
         self.rank, self.size, self.main = rank, size, rank == 0
-
-    def all_sum(self, t):
-        return t
 
 
 def _gradient(tiny_model, table, world, **kw):
@@ -267,7 +264,7 @@ def _gradient(tiny_model, table, world, **kw):
     model = load(tiny_model)
     batch = grpo_step.read_batch(table)
     opt = CaptureGrads(model)
-    m = grpo.grpo_update(model, opt, grpo.micro_batches(batch, c, world, torch.device("cpu")), c, world)
+    m = grpo.grpo_update(accel.policy_scorer(model), opt, grpo.micro_batches(batch, c, world, torch.device("cpu")), c)
     return opt.grads, m
 
 

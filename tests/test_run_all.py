@@ -192,3 +192,79 @@ def test_atom_eval_with_the_run_config_matches_run_alls_eval(quick_run, tmp_path
     mine, theirs = json.loads(out.read_text()), json.loads((quick_run / "eval" / "sft.json").read_text())
     assert mine["per_question"] == theirs["per_question"] and mine["overall"] == theirs["overall"]
     assert mine["rollout"] == theirs["rollout"] and mine["rollout"]["date"] == settings["rollout"]["date"]
+
+
+# --- DAPO dynamic sampling ----------------------------------------------------------------------
+
+def test_groups_with_signal_reads_advantages_and_turn_advantages():
+    import pyarrow as pa
+    t = pa.table({"group_id": ["a", "a", "b", "b", "c", "c"], "advantage": [0.0, 0.0, 0.5, -0.5, 0.0, 0.0],
+                  "turn_advantages": [[0.0], [0.0], [0.5], [-0.5], [0.0, 0.3], [0.0]]})
+    assert run_all.groups_with_signal(t) == ["b", "c"]
+    assert run_all.groups_with_signal(t.drop_columns(["turn_advantages"])) == ["b"]
+
+
+def test_dynamic_sampling_rolls_out_reserve_rounds_when_groups_have_no_signal(tmp_path):
+    """Outcome-only reward on a tiny random model: every answer scores F1 0, every group is flat, so
+    each step rolls out its reserve round, counts the groups, and (nothing with signal) trains on the first."""
+    cfg = tmp_path / "dyn.toml"
+    cfg.write_text('[run-all]\nsteps = 1\neval_limit = 1\ndynamic_sampling = 1\ntransfer_limit = 1\n'
+                   'eval_base = false\n[aggregate-reward]\nno_atr = true\n')
+    out = tmp_path / "run"
+    atom("run-all", "--demo", "--quick", "--config", cfg, "--out", out, check=True, timeout=900)
+    step = out / "steps" / "0001"
+    first, extra = (tableio.read_table(str(p / "questions.parquet")).column("id").to_pylist()
+                    for p in (step, step / "round-2"))
+    assert len(first) == len(extra) == 2 and not set(first) & set(extra)  # the reserve: other questions
+    rewarded = tableio.read_table(str(step / "round-2" / "rewarded.parquet"))
+    assert set(rewarded.column("advantage").to_pylist()) == {0.0}
+    line = json.loads((step / "metrics.json").read_text())
+    from atomcli.stages import step_metrics as sm
+    assert line[sm.SAMPLED_GROUPS] == 4 and line[sm.KEPT_GROUPS] == 0 and not (step / "selected.parquet").exists()
+    assert line[sm.ZERO_VAR_GROUPS] == 1.0  # the diagnostics still show the flat groups of the first round
+
+
+def test_world_style_builds_the_research_world_and_refuses_unknown_styles(tmp_path):
+    from atomcli.context import Context
+    from atomcli.errors import InputError
+    cfg = tmp_path / "style.toml"
+    cfg.write_text('[run-all]\nworld_style = "noir"\n')
+    with pytest.raises(InputError, match="classic, research"):
+        run_all.prepare(tmp_path / "a", True, True, str(cfg), Context(quiet=True), build=False)
+    cfg.write_text('[run-all]\nworld_style = "research"\n')
+    settings = run_all.prepare(tmp_path / "b", True, True, str(cfg), Context(quiet=True))
+    world = Path(settings["run-all"]["train"]).parent
+    assert (world / "index.sqlite").exists()
+    sft = tableio.read_table(str(world / "sft.parquet"))
+    sources = set(sft.column("data_source").to_pylist())  # demo and real-text train questions, mixed
+    assert any(s.startswith("demo_") for s in sources) and any(s.startswith("sqlite_") for s in sources)
+
+
+def test_dynamic_batch_keeps_groups_with_signal_across_rounds(tmp_path, monkeypatch):
+    """The selection path: rounds are rolled out until `questions_per_step` groups have signal; the kept
+    groups (by round and group id, so a repeated id cannot pull in another round's rows) are written."""
+    import types
+
+    import pyarrow as pa
+
+    signal = {"q1": False, "q2": True, "q3": False, "q4": False, "q5": True, "q6": True}
+
+    def fake_round(run, t, folder, model, questions):  # two rows per question; advantage where `signal`
+        ids = questions.column("id").to_pylist()
+        rows = [(i, (0.5 if signal[i] else 0.0) * s) for i in ids for s in (1, -1)]
+        out = folder / "rewarded.parquet"
+        tableio.write_table(pa.table({"group_id": [g for g, _ in rows], "advantage": [a for _, a in rows]}), str(out))
+        return out
+
+    monkeypatch.setattr(run_all, "_sample_round", fake_round)
+    run = types.SimpleNamespace(cfg=types.SimpleNamespace(questions_per_step=2, dynamic_sampling=2),
+                                read=lambda p: tableio.read_table(str(p)), log=lambda msg: None)
+    train = pa.table({"id": list(signal)})
+    first = fake_round(run, 0, tmp_path, "m", train.take([0, 1]))
+    batch, counts = run_all._dynamic_batch(run, 0, tmp_path, "m", train, [0, 1, 2, 3, 4, 5], first)
+    kept = tableio.read_table(str(batch))
+    assert batch == tmp_path / "selected.parquet" and counts == (6, 2)  # three rounds of 2 were needed
+    assert kept.column("group_id").to_pylist() == ["q2", "q2", "q5", "q5"]
+    assert (tmp_path / "round-3" / "rewarded.parquet").exists() and not (tmp_path / "round-4").exists()
+    again = run_all._dynamic_batch(run, 0, tmp_path, "m", train, [0, 1, 2, 3, 4, 5], first)  # resume: same
+    assert again == (batch, counts) and tableio.read_table(str(batch)).equals(kept)

@@ -28,6 +28,11 @@ expressions over the article's sentences), opens the page with `browse_webpage` 
 snippet stops short of the fact, and searches the bare name when the article is not among
 the results. Only trajectories whose answer matches a golden answer become SFT rows.
 
+`main(..., style="research")` (`atom demo-world --style research`) writes instead the world
+and SFT mix of `research_world.py` (namesakes, pages that must be read, an expert that
+researches, plus real-text train trajectories); this module's world and expert, the default
+"classic" style, stay byte-for-byte what they were so that earlier measurements reproduce.
+
 `serve(corpus)` serves every article as a small HTML page on a loopback port, so browsing
 over real HTTP can be exercised in tests and demos.
 """
@@ -44,13 +49,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from atomcli import __version__
-from atomcli.errors import InputError
+from atomcli.errors import InputError, unknown_choice
 
 SFT_K = 3              # search results per query for the expert (see the module docstring)
 SYSTEM_DATE = "2026-01-01"
 HOP_WEIGHTS = (0.3, 0.3, 0.25, 0.15)  # share of 1..4-hop questions
 MIN_ARTICLES = 100
 FILES = ("corpus.jsonl", "train.jsonl", "test.jsonl", "index.sqlite", "sft.parquet")
+STYLES = ("classic", "research")  # research: research_world.py (opt-in; classic is the default)
 
 # --- names ---------------------------------------------------------------------------------------
 
@@ -471,15 +477,20 @@ def make_questions(world: World, n: int, seed: int) -> list[Question]:
     return out
 
 
-def generate(seed: int, articles_n: int, train: int, test: int) -> tuple[World, list[Question], list[Question]]:
-    """The world and its question splits; test ids `test_i`, train ids `train_i`."""
-    world = build_world(seed, articles_n)
-    qs = make_questions(world, train + test, seed)
+def split_questions(qs: list[Question], test: int) -> tuple[list[Question], list[Question]]:
+    """(train, test): the first `test` questions are the test split; ids `test_i`, `train_i`."""
     test_q, train_q = qs[:test], qs[test:]
     for i, q in enumerate(test_q):
         q.id = f"test_{i}"
     for i, q in enumerate(train_q):
         q.id = f"train_{i}"
+    return train_q, test_q
+
+
+def generate(seed: int, articles_n: int, train: int, test: int) -> tuple[World, list[Question], list[Question]]:
+    """The world and its question splits; test ids `test_i`, train ids `train_i`."""
+    world = build_world(seed, articles_n)
+    train_q, test_q = split_questions(make_questions(world, train + test, seed), test)
     return world, train_q, test_q
 
 
@@ -637,22 +648,34 @@ def sft_table(rows: list[dict], config: dict):
     return table.replace_schema_metadata({schema.META_KEY: json.dumps({"provenance": [rec]}).encode()})
 
 
-def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, test: int = 100, sft: int = 200,
-         context=None) -> dict:
-    """Write the demo world into the folder `out` (replaced atomically); return a summary."""
-    from atomcli import tableio
-    from atomcli.context import Context
-    from atomcli.env import search_local
-    from atomcli.env.tools import ToolBox
-    from atomcli.rewards import metrics
-
-    ctx = context or Context(quiet=True)
+def check_sizes(articles: int, train: int, test: int, sft: int) -> None:
     if articles < MIN_ARTICLES:
         raise InputError(f"--articles {articles} is too small", hint=f"use at least {MIN_ARTICLES}")
     if min(train, test, sft) < 0 or train + test == 0:
         raise InputError("--train, --test and --sft must be >= 0 and there must be some questions")
     if sft > train:
         raise InputError(f"--sft {sft} exceeds --train {train}", hint="SFT questions come from the train split only")
+
+
+def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, test: int = 100, sft: int = 200,
+         style: str = "classic", context=None) -> dict:
+    """Write the demo world into the folder `out` (replaced atomically); return a summary.
+
+    `style` "research" writes the world and SFT mix of `research_world` instead (issue 20); the
+    default, "classic", is this module's world, unchanged so that earlier runs reproduce."""
+    from atomcli import tableio
+    from atomcli.context import Context
+    from atomcli.env import search_local
+    from atomcli.env.tools import ToolBox
+    from atomcli.rewards import metrics
+
+    if style not in STYLES:
+        raise unknown_choice("demo-world style", style, STYLES)
+    ctx = context or Context(quiet=True)
+    if style == "research":
+        from atomcli.demo import research_world
+        return research_world.main(out, seed=seed, articles=articles, train=train, test=test, sft=sft, context=ctx)
+    check_sizes(articles, train, test, sft)
     dest = Path(out)
     from atomcli import safety
     safety.check_output(dest, safety.DEMO_WORLD)  # never replaces a folder that is not a demo world

@@ -1,1 +1,2 @@
-"""Policy engines: the in-process HF engine (with its KV cache) and OpenAI-compatible servers."""
+"""Policy engines: the in-process HF engine (with its KV cache), OpenAI-compatible servers, and how a
+served policy is kept up to date with the trainer (policy_sync)."""

@@ -14,11 +14,21 @@ run of 1s in `loss_mask`, and a row whose `turn_advantages` is null falls back t
 Aggregated as a token-mean over the whole batch (default) or a mean over trajectories of
 per-trajectory token means. Micro-batches accumulate gradients weighted by the *global*
 token (or trajectory) count, so the gradient equals the full-batch gradient whatever the
-micro-batch size or the number of processes. Under torchrun / accelerate launch (WORLD_SIZE
-> 1) every rank reads the whole table, trains on every world-th trajectory, and the summed
-gradients are all-reduced before clipping and the AdamW step, which is then identical on
-every rank. The optimizer state travels with the checkpoint (atomcli.checkpoint), so
-consecutive calls continue one AdamW run.
+micro-batch size or the number of processes.
+
+Model and AdamW are prepared with `accelerate.Accelerator` (atomcli.train.accel), so the same
+command runs in one process (`python -m atomcli grpo-step`) or under `accelerate launch` /
+torchrun with the user's accelerate config: DDP, FSDP (FSDP2) or DeepSpeed, no collectives of
+its own. Every rank reads the whole table and trains on every world-th trajectory; ranks with
+fewer micro-batches (after skipping zero-advantage rows) add weight-0 passes so that all run as
+many; the gradients are synchronized once, clipped with `accelerator.clip_grad_norm_` and the
+AdamW step is the same everywhere. `--precision auto|bf16|fp32` sets the mixed precision (auto:
+bf16 on a GPU, fp32 on CPU); the weights and AdamW state stay fp32. The optimizer state travels
+with the checkpoint (atomcli.checkpoint), gathered from the ranks into one full file, so
+consecutive calls continue one AdamW run whatever the launch. On CPU (gloo) one process and DDP
+run; accelerate 1.15 enables FSDP and DeepSpeed only on GPU launches (on CPU it runs DDP and
+says so; the FSDP2 path is tested on CPU only with accelerate's state forced by the test), DeepSpeed
+has never run, nothing has run on a GPU, and LoRA under FSDP is refused: see atomcli.train.accel.
 
 `--old-logprobs recompute` replaces the table's sampling log-probs by the policy's own before
 this update (one no-grad forward pass, as TRL does when it does not keep the sampler's): for
@@ -35,8 +45,8 @@ from dataclasses import dataclass
 from atomcli.agent.episode import turn_spans
 from atomcli.config import opt
 from atomcli.errors import InputError, unknown_choice
-from atomcli.train.grpo import (Batch, LossSettings, Trajectory, fill_old_logprobs, fill_ref_logprobs, grpo_update,
-                                init_world, make_optimizer, micro_batches, torch_device)
+from atomcli.train.grpo import (Batch, LossSettings, Trajectory, World, fill_old_logprobs, fill_ref_logprobs,
+                                grpo_update, make_optimizer, micro_batches)
 
 
 @dataclass
@@ -59,6 +69,8 @@ class GRPOConfig:
     temperature: float = opt(1.0, "logits are divided by this; must match the rollout's sampling temperature")
     old_logprobs: str = opt("rollout", "the ratio's denominator: rollout (the table's old_logprobs) or recompute "
                                        "(the policy's own before this update; for text-only servers' rollouts)")
+    precision: str = opt("auto", "mixed precision: bf16 or fp32 (auto: bf16 on a GPU that supports it, else fp32); "
+                                 "weights and optimizer state stay fp32")
     gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, ~30% more time)")
     lora: bool = opt(False, "train a LoRA adapter (peft) instead of all weights")
     lora_r: int = opt(16, "LoRA rank")
@@ -183,10 +195,15 @@ def run(table, config: GRPOConfig, context):
     import torch
 
     from atomcli import checkpoint, models
-    world = init_world()
+    from atomcli.train import accel
+    accelerator = accel.make_accelerator(config.precision)
+    _check_launch(accelerator, config)
+    world = World(accelerator.process_index, accelerator.num_processes)
     if not world.main:  # one voice per job: the other ranks only compute
         context.quiet = True
-    device = torch_device(world)
+    if (note := accel.requested_but_not_run(accelerator)) is not None:
+        context.log(f"[yellow]note:[/] {note}")
+    device = accelerator.device
     torch.manual_seed(config.seed)
 
     policy = _load_policy(config, checkpoint.read_state(config.model), context, device, context.log)
@@ -194,10 +211,12 @@ def run(table, config: GRPOConfig, context):
     _check_tokens(table, batch, model, tok, context.log, config.temperature)
 
     loss = loss_settings(config)
-    mbs = micro_batches(batch, loss, world, device, pad_id=tok.pad_token_id or 0)
+    pad_id = tok.pad_token_id or 0
+    mbs = micro_batches(batch, loss, world, device, pad_id=pad_id)
     local = torch.tensor([float(sum(mb.loss_mask.sum().item() for mb in mbs))], dtype=torch.float64)
-    if world.all_sum(local).item() != batch.n_tokens - batch.skipped_tokens:
+    if accel.all_sum(accelerator, local).item() != batch.n_tokens - batch.skipped_tokens:
         raise RuntimeError("ranks read different tables (sampled-token counts disagree)")
+    mbs = accel.pad_micro_batches(accelerator, mbs, device, pad_id)  # the same number of passes on every rank
 
     from atomcli.progress import Progress
     passes = len(mbs) * (config.epochs + (config.old_logprobs == "recompute") + (config.beta > 0))
@@ -205,33 +224,45 @@ def run(table, config: GRPOConfig, context):
         tick = progress.advance
         t0 = time.perf_counter()
         prepare_for_training(model, config)
+        optimizer = make_optimizer(model, config.lr, config.weight_decay)
+        scorer, optimizer = accelerator.prepare(accel.policy_scorer(model), optimizer)
+        if policy.optimizer_state is not None and accel.is_deepspeed(accelerator):
+            context.log("[yellow]note:[/] DeepSpeed keeps AdamW's state inside its engine; it starts fresh")
+        accel.load_optimizer_state(accelerator, optimizer, policy.optimizer_state, source=config.model)
+        policy.optimizer_state = None  # loaded: the CPU copy read from optimizer.pt is not kept through the update
         if config.old_logprobs == "recompute":
             progress.update(info="old log-probs")
-            fill_old_logprobs(model, mbs, loss, on_micro_batch=tick)
+            fill_old_logprobs(scorer, mbs, loss, on_micro_batch=tick)
         if config.beta > 0:
             progress.update(info="reference log-probs")
             if policy.ref_is_adapter_off:
-                fill_ref_logprobs(model, mbs, loss, disable_adapter=True, on_micro_batch=tick)
+                fill_ref_logprobs(scorer, mbs, loss, context=model.disable_adapter(), on_micro_batch=tick)
             elif policy.ref == policy.start and policy.step == 1:
-                fill_ref_logprobs(model, mbs, loss, on_micro_batch=tick)  # first step: the policy *is* the reference
+                fill_ref_logprobs(scorer, mbs, loss, on_micro_batch=tick)  # first step: the policy *is* the reference
             else:
                 ref_model, _ = models.load(policy.ref, context, trust_remote_code=config.trust_remote_code,
-                                           device=str(device))
-                fill_ref_logprobs(ref_model, mbs, loss, on_micro_batch=tick)
+                                           device=_device_name(device))
+                ref_model.eval()
+                fill_ref_logprobs(accel.policy_scorer(ref_model), mbs, loss, context=accelerator.autocast(),
+                                  on_micro_batch=tick)
                 del ref_model  # freed before the backward passes need the memory
         ref_seconds = time.perf_counter() - t0
 
-        optimizer = make_optimizer(model, config.lr, config.weight_decay, policy.optimizer_state, source=config.model)
         updates = []
         for epoch in range(config.epochs):
             progress.update(info=f"update {epoch + 1}/{config.epochs} (forward + backward)")
-            updates.append(grpo_update(model, optimizer, mbs, loss, world, zero_fill=batch.skipped > 0,
+            updates.append(grpo_update(scorer, optimizer, mbs, loss, accelerator, zero_fill=batch.skipped > 0,
                                        on_micro_batch=tick))
     finish_training(model, config)
+    # collectives: every rank gathers, rank 0 keeps the full weights and AdamW state
+    state_dict = accel.full_state_dict(accelerator, scorer)
+    optimizer_state = accel.full_optimizer_state(accelerator, optimizer)
 
     metrics = {**updates[0], "ref_seconds": ref_seconds, "step": policy.step, "n_trajectories": batch.n_rows,
                "skipped_zero_advantage": batch.skipped, "skipped_tokens": batch.skipped_tokens,
-               "lr": config.lr, "world_size": world.size, "peak_rss_mb": _peak_rss_mb(), **batch.stats}
+               "lr": config.lr, "world_size": world.size, "distributed": accelerator.distributed_type.value,
+               "precision": accel.resolve_precision(config.precision), "peak_rss_mb": _peak_rss_mb(),
+               **batch.stats}
     if len(updates) > 1:
         metrics["last_update"] = updates[-1]
     metrics["updates"] = updates
@@ -241,8 +272,19 @@ def run(table, config: GRPOConfig, context):
         _summary(context, metrics)
     return checkpoint.TrainResult(
         model=model, tokenizer=tok, step=policy.step, metrics=metrics, base=policy.start, lora=config.lora,
-        lora_base=policy.lora_base, optimizer_state=optimizer.state_dict(), ref=policy.ref,
-        extra={"updates": policy.updates_before + sum(not u["skipped"] for u in updates)})
+        lora_base=policy.lora_base, optimizer_state=optimizer_state, ref=policy.ref,
+        extra={"updates": policy.updates_before + sum(not u["skipped"] for u in updates)}, state_dict=state_dict)
+
+
+def _device_name(device) -> str:
+    return "cpu" if device.type == "cpu" else str(device)
+
+
+def _check_launch(accelerator, config: GRPOConfig) -> None:
+    from accelerate.utils import DistributedType
+    if config.lora and accelerator.distributed_type == DistributedType.FSDP:
+        raise InputError("--lora is not supported under FSDP", hint="launch adapters with DDP (accelerate launch "
+                         "--multi_gpu), or train all weights under FSDP")
 
 
 def _check_config(config: GRPOConfig) -> None:
@@ -258,6 +300,9 @@ def _check_config(config: GRPOConfig) -> None:
             raise InputError(f"--{name.replace('_', '-')} must be >= 0")
     if not config.temperature > 0 or not config.lr > 0:
         raise InputError("--temperature and --lr must be > 0")
+    from atomcli.train.accel import PRECISIONS
+    if config.precision not in PRECISIONS:
+        raise unknown_choice("--precision", config.precision, PRECISIONS)
 
 
 @dataclass
@@ -278,7 +323,7 @@ def _load_policy(config: GRPOConfig, state: dict, context, device, log) -> Polic
     from atomcli import checkpoint, models
     start = checkpoint.spec_id(config.model)
     continuing = state.get("stage") == "grpo-step"
-    kw = dict(trust_remote_code=config.trust_remote_code, device=str(device))
+    kw = dict(trust_remote_code=config.trust_remote_code, device=_device_name(device))
     lora_base = None
     if config.lora:
         from peft import LoraConfig, PeftModel, get_peft_model

@@ -29,6 +29,11 @@ gets an error observation the model can recover from and is recorded in `tool_ca
 After `max_turns` turns without an answer the episode ends (`max_turns`; that last turn's call
 is not run). When the context cap leaves no room for another turn, or the cap cuts a turn,
 it ends with `length`; an engine failure for one trajectory ends it with `error`.
+
+Served policies: with `--policy-version V` (and `--policy-sync M`, the method that says how to ask
+the server; run-all sets both after each sync) the server is first asked whether it serves V, and a
+stale one is refused before anything is sampled; every row records V in `policy_version`
+(atomcli/engines/policy_sync.py).
 """
 
 from __future__ import annotations
@@ -79,6 +84,11 @@ class RolloutConfig:
     retries: int = opt(4, "OpenAI engine: attempts per request on timeouts, 429 and 5xx")
     reuse_kv: bool = opt(True, "HF engine: keep each trajectory's KV cache between turns and compute shared "
                                "prompt prefixes once (same tokens, much less prefill)")
+    policy_sync: str = opt("", "OpenAI engine: how the server is brought to a new policy (lora-vllm, sglang-disk, "
+                               "vllm-reload, command:CMD; atomcli/engines/policy_sync.py); with --policy-version, "
+                               "how the server is asked which policy it serves")
+    policy_version: str = opt("", "OpenAI engine: the policy version the server must serve (run-all sets it after "
+                                  "each sync); recorded per row, and a server serving another is refused")
 
 
 # --- groups, shards, seeds ------------------------------------------------------------------
@@ -138,6 +148,8 @@ def validate(config: RolloutConfig) -> None:
         if not ok:
             raise InputError(msg)
     parse_shard(config.shard)
+    from atomcli.engines import policy_sync
+    policy_sync.check_config(config.model, config.policy_sync, config.policy_version)
 
 
 # --- engines --------------------------------------------------------------------------------
@@ -179,7 +191,7 @@ def run(table, config: RolloutConfig, context, *, done_groups=frozenset(), sink=
     gids = group_ids(table)
     rows = [r for r in selected_rows(table, config) if gids[r] not in done_groups]
     if not rows:
-        return rows_table(table, [], config.model)
+        return rows_table(table, [], config)
     questions = table.column("question").to_pylist()
     engine_box: list = []
     reader_fn = (lambda prompts: engine_box[0].complete(prompts)) if config.reader == "policy" else None
@@ -188,6 +200,9 @@ def run(table, config: RolloutConfig, context, *, done_groups=frozenset(), sink=
                       reader=config.reader, allow_hosts=config.allow_hosts, concurrency=config.concurrency,
                       reader_fn=reader_fn, search_options=plugins.parse_options(config.search_options))
     try:
+        if config.policy_version:  # a stale server is refused before anything is sampled from it
+            from atomcli.engines import policy_sync
+            policy_sync.check_rollout(config.model, config.policy_sync, config.policy_version, context)
         engine = engine_for(config, context)
         engine_box.append(engine)
         system = agent_format.system_prompt(config.date, config.system_prompt)
@@ -208,7 +223,7 @@ def run(table, config: RolloutConfig, context, *, done_groups=frozenset(), sink=
         if errors:
             context.log(f"[yellow]warning:[/] {len(errors)} trajectories ended with `error`; first: "
                         f"{errors[0].traj_id}: {errors[0].error}")
-        result = rows_table(table, episodes, config.model)
+        result = rows_table(table, episodes, config)
         monitor.summary(result)
         return result
     finally:
@@ -232,7 +247,7 @@ def _loop(agent: Agent, engine, toolbox, episodes, questions, config, monitor, t
         if left[ep.group_id] == 0:
             group = sorted(by_group.pop(ep.group_id), key=lambda e: e.sample_idx)
             if sink is not None:
-                sink(rows_table(table, group, config.model))
+                sink(rows_table(table, group, config))
             monitor.group_done()
 
     while pending or active:
@@ -263,7 +278,7 @@ def _loop(agent: Agent, engine, toolbox, episodes, questions, config, monitor, t
         active = still
 
 
-def rows_table(table, episodes: list[Episode], policy: str):
+def rows_table(table, episodes: list[Episode], config: RolloutConfig):
     """The input rows (repeated per sample) with the rollout columns set."""
     sub = table.take(pa.array([ep.row for ep in episodes], type=pa.int64()))
     search = {"web_search": "n_search", "browse_webpage": "n_browse"}
@@ -272,7 +287,8 @@ def rows_table(table, episodes: list[Episode], policy: str):
         "traj_id": [ep.traj_id for ep in episodes],
         "group_id": [ep.group_id for ep in episodes],
         "sample_idx": [ep.sample_idx for ep in episodes],
-        "policy": [policy] * len(episodes),
+        "policy": [config.model] * len(episodes),
+        "policy_version": [config.policy_version or None] * len(episodes),
         "messages": [ep.messages for ep in episodes],
         "answer": [ep.answer for ep in episodes],
         "finish_reason": [ep.finish_reason for ep in episodes],

@@ -11,6 +11,8 @@ Layout of RUN_DIR:
     world/                      demo world (with --demo)
     sft/                        SFT checkpoint
     steps/0001/{questions,rollouts,scored,rewarded}.parquet, steps/0001/ckpt/
+                                with dynamic_sampling: steps/0001/round-2/... (the same tables per
+                                reserve round) and steps/0001/selected.parquet (the groups trained on)
     eval/{base,sft,step-0003}.{parquet,json}
     metrics.jsonl, evals.jsonl, plots/*.png, summary.md, config.json, atom_run.json (the marker)
 
@@ -37,7 +39,11 @@ from atomcli.errors import InputError
 
 @dataclass
 class RunAllConfig:
-    model: str = opt("smollm2", "starting policy")
+    model: str = opt("smollm2", "starting policy (openai:BASE_URL#MODEL: sampled by that server, trained here "
+                                "from MODEL's weights; needs policy_sync)")
+    policy_sync: str = opt("", "with an openai: model, how the server is brought to each new checkpoint before "
+                               "the next rollout: lora-vllm, sglang-disk, vllm-reload or command:CMD "
+                               "(atomcli/engines/policy_sync.py)")
     train: str = opt("", "training questions (FlashRAG JSONL/Parquet)")
     test: str = opt("", "test questions for evals")
     sft_data: str = opt("", "SFT trajectories; empty = skip SFT")
@@ -56,6 +62,12 @@ class RunAllConfig:
                                   "(seeded order), hops (shuffled; fewest hops first, all hops by the last step)")
     curriculum_levels: int = opt(2, "with curriculum=hops: hop levels admitted at step 1 (then one more at a "
                                     "time, evenly over the steps)")
+    world_style: str = opt("classic", "with --demo: the demo world's style: classic, or research (namesakes, "
+                                      "longer pages, a research expert, real-text train questions in SFT; "
+                                      "not yet measured, issue 20)")
+    dynamic_sampling: int = opt(0, "DAPO's dynamic sampling: up to N extra rounds per step, each rolling out "
+                                   "questions_per_step more questions; groups whose advantages are all 0 are "
+                                   "dropped until the step has questions_per_step groups with signal (0 = off)")
     seed: int = opt(0, "seed for every stage")
 
 
@@ -201,7 +213,9 @@ class Run:
         self.out, self.ctx = out, context
         sec = lambda name: cfgmod.section(settings, name)  # noqa: E731
         self.cfg = cfgmod.build(RunAllConfig, sec("run-all"), source="[run-all]")
-        self.sft = cfgmod.build(SFTConfig, {**sec("sft"), "model": self.cfg.model, "seed": self.cfg.seed}, source="[sft]")
+        from atomcli.engines import policy_sync
+        self.sft = cfgmod.build(SFTConfig, {**sec("sft"), "model": policy_sync.trainer_model(self.cfg.model),
+                                            "seed": self.cfg.seed}, source="[sft]")
         self.rollout = cfgmod.build(RolloutConfig, {**sec("rollout"), "search": self.cfg.search, "seed": self.cfg.seed},
                                     source="[rollout]")
         self.score = cfgmod.build(ScoreConfig, {**sec("score-rrm"), "judge": self.cfg.judge}, source="[score-rrm]")
@@ -225,6 +239,9 @@ class Run:
             plugins.check_search_spec(self.cfg.transfer_search)
         plugins.check_judge_spec(self.cfg.judge)
         check_curriculum(self.cfg.curriculum)  # before SFT, not at step 1
+        # a served policy follows the trainer (or the run is refused now, before anything is written)
+        self.follow = policy_sync.Follower.for_run(self.cfg.model, self.cfg.policy_sync, lora=self.grpo.lora,
+                                                   sft=bool(self.cfg.sft_data), context=context)
         self.first_eval: tuple[str, dict] | None = None  # what every later eval is compared with
         self.first_transfer: tuple[str, dict] | None = None
         self.t0 = time.time()
@@ -256,6 +273,8 @@ class Run:
         from atomcli.stages import rollout, rollout_io
         if out.exists():
             return
+        if self.follow is not None:  # the server is made to serve this checkpoint first
+            cfg = self.follow.rollout_config(cfg)
         self.log(f"rollout ({cfg.model}) -> {out.relative_to(self.out)}")
         table = self.read(inp, "rollout")
         rollout_io.run_to_file(rollout, table, cfg, self.ctx, out=str(out), fmt=None, resume=True)
@@ -327,10 +346,14 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
         from atomcli import models
         from atomcli.demo import world as demo_world
         world = out / "world"
-        if build and not (world / "index.sqlite").exists():
-            context.log("building the demo world...")
-            demo_world.main(str(world), seed=0, context=context, **(QUICK_WORLD if quick else {}))
         ra = settings.setdefault("run-all", {})
+        style = ra.get("world_style", RunAllConfig.world_style)
+        if style not in demo_world.STYLES:  # before anything is built
+            from atomcli.errors import unknown_choice
+            raise unknown_choice("world_style", style, demo_world.STYLES)
+        if build and not (world / "index.sqlite").exists():
+            context.log(f"building the demo world ({style})...")
+            demo_world.main(str(world), seed=0, context=context, style=style, **(QUICK_WORLD if quick else {}))
         ra.setdefault("train", str(world / "train.jsonl"))
         ra.setdefault("test", str(world / "test.jsonl"))
         ra.setdefault("sft_data", str(world / "sft.parquet"))
@@ -355,7 +378,7 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
 def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: bool, context,
          preset: str = "demo") -> None:
     from atomcli import tableio
-    from atomcli.stages import aggregate_reward, grpo_step, score_ig, score_rrm, sft
+    from atomcli.stages import grpo_step, sft
     from atomcli import safety
     run_dir = Path(out)
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
@@ -391,9 +414,12 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
             transfer = transfer.slice(0, cfg.transfer_limit)
         tableio.write_table(transfer, str(run_dir / "eval" / "transfer" / "questions.parquet"))
 
-    plan = plan_questions(question_hops(train), cfg.steps, cfg.questions_per_step, cfg.curriculum, cfg.seed,
+    # with dynamic sampling each step draws its reserve questions up front (a pure plan: resume redraws it)
+    per_step = cfg.questions_per_step * (1 + cfg.dynamic_sampling)
+    plan = plan_questions(question_hops(train), cfg.steps, per_step, cfg.curriculum, cfg.seed,
                           cfg.curriculum_levels)
-    model = cfg.model
+    from atomcli.engines import policy_sync
+    model = policy_sync.trainer_model(cfg.model)  # a local checkpoint; a served policy follows it
     if cfg.eval_base:
         run.evaluate("base", model)
         if not cfg.sft_data:
@@ -409,23 +435,19 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
         d = run.step_dir(t)
         ckpt = d / "ckpt"
         if not (d / "metrics.json").exists():
-            if not (d / "questions.parquet").exists():
-                tableio.write_table(train.take(plan[t]), str(d / "questions.parquet"))
             run.log(f"[bold]step {t + 1}/{cfg.steps}[/]{_eta(run, t, cfg.steps)}")
-            run.rollout_stage(dataclasses.replace(run.rollout, model=model, seed=cfg.seed + t),
-                              d / "questions.parquet", d / "rollouts.parquet")
-            if run.aggregate.process == "ig":  # information gain under the policy that made the rollouts
-                run.table_stage("score-ig", score_ig, dataclasses.replace(run.ig, model=run.ig.model or model),
-                                d / "rollouts.parquet", d / "scored.parquet")
-            else:
-                run.table_stage("score-rrm", score_rrm, run.score, d / "rollouts.parquet", d / "scored.parquet")
-            run.table_stage("aggregate-reward", aggregate_reward,
-                            dataclasses.replace(run.aggregate, step=t, total_steps=cfg.steps),
-                            d / "scored.parquet", d / "rewarded.parquet")
+            q = cfg.questions_per_step
+            picks = list(dict.fromkeys(plan[t]))  # a small pool can wrap: never one question twice a step
+            first = _sample_round(run, t, d, model, train.take(picks[:q]))
+            batch, counts = first, None
+            if cfg.dynamic_sampling:
+                batch, counts = _dynamic_batch(run, t, d, model, train, picks, first)
             run.train_stage("grpo-step", grpo_step,
                             dataclasses.replace(run.grpo, model=model, ref=run.grpo.ref or start),
-                            d / "rewarded.parquet", ckpt)
-            _log_metrics(run, t, d)
+                            batch, ckpt)
+            # diagnostics of the first round: what the policy did on the step's questions, comparable
+            # with runs without dynamic sampling (the kept groups alone would hide the flat ones)
+            _log_metrics(run, t, d, first, counts)
         model = str(ckpt)
         if cfg.eval_every and (t + 1) % cfg.eval_every == 0 and t + 1 < cfg.steps:
             run.evaluate(f"step-{t + 1:04d}", model)
@@ -436,6 +458,70 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
     from atomcli.stages import run_report
     run_report.write(run_dir, context)
     run.log(f"[green]done[/]: {run_dir}/summary.md")
+
+
+def _sample_round(run: Run, t: int, folder: Path, model: str, questions) -> Path:
+    """rollout -> score -> aggregate-reward for one set of questions in `folder`; the rewarded table."""
+    from atomcli import tableio
+    from atomcli.stages import aggregate_reward, score_ig, score_rrm
+    if not (folder / "questions.parquet").exists():
+        tableio.write_table(questions, str(folder / "questions.parquet"))
+    run.rollout_stage(dataclasses.replace(run.rollout, model=model, seed=run.cfg.seed + t),
+                      folder / "questions.parquet", folder / "rollouts.parquet")
+    if run.aggregate.process == "ig":  # information gain under the policy that made the rollouts
+        run.table_stage("score-ig", score_ig, dataclasses.replace(run.ig, model=run.ig.model or model),
+                        folder / "rollouts.parquet", folder / "scored.parquet")
+    else:
+        run.table_stage("score-rrm", score_rrm, run.score, folder / "rollouts.parquet", folder / "scored.parquet")
+    run.table_stage("aggregate-reward", aggregate_reward,
+                    dataclasses.replace(run.aggregate, step=t, total_steps=run.cfg.steps),
+                    folder / "scored.parquet", folder / "rewarded.parquet")
+    return folder / "rewarded.parquet"
+
+
+def groups_with_signal(table) -> list:
+    """Group ids, in order, with at least one nonzero advantage (or turn advantage): the groups a
+    GRPO update learns from; the others contribute nothing to the gradient."""
+    adv = table.column("advantage").to_pylist()
+    turn = table.column("turn_advantages").to_pylist() if "turn_advantages" in table.column_names else None
+    out: list = []
+    for i, g in enumerate(table.column("group_id").to_pylist()):
+        if g not in out and (adv[i] != 0 or (turn is not None and any(x != 0 for x in turn[i] or []))):
+            out.append(g)
+    return out
+
+
+def _dynamic_batch(run: Run, t: int, d: Path, model: str, train, picks: list[int], first: Path):
+    """DAPO's dynamic sampling: roll out more of the step's reserve questions until `questions_per_step`
+    groups have signal (or the rounds run out); the kept groups are written to selected.parquet.
+    Returns (the table to train on, (groups rolled out, groups kept))."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from atomcli import tableio
+    out = d / "selected.parquet"
+    q, rounds = run.cfg.questions_per_step, [first]
+    while True:  # every round is resumable: a rerun re-reads the rounds it finds
+        tables = [run.read(p) for p in rounds]
+        kept = [(r, g) for r, tb in enumerate(tables) for g in groups_with_signal(tb)]  # (round, group):
+        # two rounds may reuse a group id (a question id repeated in the train file)
+        r = len(rounds)
+        more = picks[r * q:(r + 1) * q]
+        if len(kept) >= q or r > run.cfg.dynamic_sampling or not more:
+            break
+        run.log(f"dynamic sampling: {len(kept)} of {q} groups with signal; round {r + 1}")
+        folder = d / f"round-{r + 1}"
+        folder.mkdir(parents=True, exist_ok=True)
+        rounds.append(_sample_round(run, t, folder, model, train.take(more)))
+    sampled = sum(len(set(tb.column("group_id").to_pylist())) for tb in tables)
+    keep = kept[:q]
+    if not keep:  # nothing has signal: train on the first round (every row is skipped or zero)
+        return first, (sampled, 0)
+    if not out.exists():
+        parts = [tb.filter(pc.is_in(tb.column("group_id"), pa.array([g for r, g in keep if r == k],
+                                                                     type=tb.schema.field("group_id").type)))
+                 for k, tb in enumerate(tables)]
+        tableio.write_table(pa.concat_tables(parts, promote_options="default"), str(out))
+    return out, (sampled, len(keep))
 
 
 def _check_stage_configs(run: Run) -> None:
@@ -488,14 +574,17 @@ def _eta(run: Run, t: int, steps: int) -> str:
     return f"  (ETA {sum(done) / len(done) * (steps - t) / 60:.1f} min + final eval)"
 
 
-def _log_metrics(run: Run, t: int, d: Path) -> None:
-    """One line of metrics.jsonl per step, from the step's tables and checkpoint."""
+def _log_metrics(run: Run, t: int, d: Path, batch: Path, counts: tuple[int, int] | None = None) -> None:
+    """One line of metrics.jsonl per step, from the step's (first) rewarded table and the checkpoint
+    (`counts`: groups rolled out and kept, with dynamic sampling)."""
     from atomcli import tableio
     from atomcli.stages import step_metrics as sm
-    rewarded = run.read(d / "rewarded.parquet").to_pydict()
+    rewarded = run.read(batch).to_pydict()
     mfile = d / "ckpt" / "metrics.json"
     ckpt_metrics = json.loads(mfile.read_text()) if mfile.exists() else {}
     line = sm.step_line(t + 1, rewarded, ckpt_metrics)
+    if counts is not None:
+        line[sm.SAMPLED_GROUPS], line[sm.KEPT_GROUPS] = counts
     line[sm.TIME_MIN] = (time.time() - run.t0) / 60
     tableio.write_bytes_atomic(d / "metrics.json", json.dumps(line).encode())
     # metrics.jsonl is rebuilt from the step folders, so a kill between writes never loses a line

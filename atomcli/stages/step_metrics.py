@@ -26,6 +26,8 @@ SEARCHES, BROWSES, TURNS = "searches", "browses", "turns"
 RESPONSE_TOKENS = "response_tokens"           # tokens the policy sampled per trajectory
 JUDGE_FALLBACKS = "judge_fallbacks"           # rows whose reward fell back to F1 (judge failed)
 TIME_MIN = "time_min"
+SAMPLED_GROUPS = "sampled_groups"             # with dynamic sampling: groups rolled out for the step
+KEPT_GROUPS = "kept_groups"                   # with dynamic sampling: groups with signal trained on
 # from grpo-step's checkpoint metrics (the keys grpo_step.grpo_update returns)
 LOSS, KL, ENTROPY = "loss", "kl", "entropy"
 CLIP_LOW, CLIP_HIGH = "clip_low", "clip_high"

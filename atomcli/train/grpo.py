@@ -13,8 +13,10 @@ the one line in `grpo_token_loss` that multiplies by it is where those tokens le
 Aggregated as a token-mean over the whole batch (weight 1 / sampled tokens) or a mean over
 trajectories of per-trajectory token means. Micro-batches accumulate gradients weighted by
 the *global* count, so the gradient equals the full-batch gradient whatever the micro-batch
-size or the number of processes; under torchrun every rank trains on every world-th
-trajectory and the summed gradients are all-reduced before clipping and the AdamW step.
+size or the number of processes: every rank trains on every world-th trajectory, its losses
+are scaled by the world size (DDP, FSDP and DeepSpeed average gradients over ranks, the sum
+is wanted) and accelerate synchronizes once, after the last micro-batch (`accelerator.accumulate`
+holds the others back with no_sync). atomcli.train.accel has the accelerate side.
 
 Everything takes plain arguments (`LossSettings`, tensors, a model): the `grpo-step` stage
 reads and validates the table, and builds these from its config.
@@ -22,13 +24,11 @@ reads and validates the table, and builds these from its config.
 
 from __future__ import annotations
 
+import contextlib
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-
-from atomcli.errors import InputError
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps a stale or corrupt old_logprob from producing inf
 
@@ -78,51 +78,13 @@ class Batch:
 
 @dataclass
 class World:
+    """Which share of the batch this process trains: every `size`-th trajectory from `rank`."""
     rank: int = 0
     size: int = 1
-    comm_device: str = "cpu"  # where collectives run: NCCL only reduces CUDA tensors
 
     @property
     def main(self) -> bool:
         return self.rank == 0
-
-    def all_sum(self, tensor):
-        """Sum over ranks (in place where possible); identity in a single process."""
-        if self.size > 1:
-            import torch.distributed as dist
-            moved = tensor.to(self.comm_device)
-            dist.all_reduce(moved, op=dist.ReduceOp.SUM)
-            if moved is not tensor:
-                tensor.copy_(moved)
-        return tensor
-
-
-def init_world() -> World:
-    """Join the process group torchrun / accelerate launch set up (env://); one process otherwise."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size <= 1:
-        return World()
-    import atexit
-
-    import torch
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
-    comm = f"cuda:{_device_index(dist.get_rank())}" if dist.get_backend() == "nccl" else "cpu"
-    return World(dist.get_rank(), dist.get_world_size(), comm)
-
-
-def _device_index(rank: int) -> int:
-    import torch
-    return int(os.environ.get("LOCAL_RANK", rank)) % max(torch.cuda.device_count(), 1)
-
-
-def torch_device(world: World):
-    import torch
-    if torch.cuda.is_available():
-        return torch.device("cuda", _device_index(world.rank))
-    return torch.device("cpu")
 
 
 # --- micro-batches --------------------------------------------------------------------------------
@@ -180,39 +142,60 @@ def micro_batches(batch: Batch, config: LossSettings, world: World, device, pad_
 STAT_NAMES = ("loss", "pg_loss", "kl", "entropy", "clip_low", "clip_high", "ratio", "tokens")
 
 
-def grpo_update(model, optimizer, mbs: list[MicroBatch], config: LossSettings, world: World,
+def grpo_update(model, optimizer, mbs: list[MicroBatch], config: LossSettings, accelerator=None,
                 zero_fill: bool = False, on_micro_batch: Callable[[], None] | None = None) -> dict:
     """One optimizer step over the whole (global) batch. Returns the batch-level metrics.
 
+    model: the policy scorer (atomcli.train.accel.policy_scorer), prepared by `accelerator` when
+    one is given; without one (tests) a plain module and plain torch.
+    mbs: this rank's micro-batches, as many on every rank (accel.pad_micro_batches).
     zero_fill: rows were skipped (read_batch skip_zero), so a parameter that got no gradient
     gets an explicit 0, as the full pass would have given it: AdamW then advances its moments
     exactly as in the full update (a None gradient would leave them untouched).
     on_micro_batch: called after each micro-batch's forward/backward (progress)."""
     import torch
 
-    from atomcli.train.logprobs import sequence_logprobs
+    from atomcli.train import accel
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer.zero_grad(set_to_none=True)
     stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64)
     t0 = time.perf_counter()
-    for mb in mbs:
-        logp, ent = sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.targets,
-                                      config.temperature)
-        loss, parts = grpo_token_loss(logp, ent, mb, config)
-        loss.backward()
-        stats += torch.stack(parts).cpu()
-        if on_micro_batch is not None:
-            on_micro_batch()
-    stats = world.all_sum(stats)
+    if accelerator is not None:
+        # one synchronization per update: accumulate() holds back every pass but the last
+        accelerator.gradient_accumulation_steps = max(len(mbs), 1)
+        accelerator.step = 0
+    scale = accel.loss_scale(accelerator)
+    try:
+        for mb in mbs:
+            with accelerator.accumulate(model) if accelerator is not None else contextlib.nullcontext():
+                logp, ent = model(mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.targets,
+                                  temperature=config.temperature)
+                loss, parts = grpo_token_loss(logp, ent, mb, config)
+                if accelerator is not None:
+                    accelerator.backward(loss * scale)
+                else:
+                    loss.backward()
+            stats += torch.stack(parts).cpu()
+            if on_micro_batch is not None:
+                on_micro_batch()
+    finally:
+        if accelerator is not None:
+            accelerator.gradient_accumulation_steps = 1
+    stats = accel.all_sum(accelerator, stats)
     if zero_fill:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-    if world.size > 1:
-        _all_reduce_grads(params, world)
     max_norm = config.max_grad_norm if config.max_grad_norm > 0 else float("inf")
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    skipped = not math.isfinite(grad_norm)
+    if accelerator is not None:
+        norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if norm is None:  # DeepSpeed clipped and stepped inside its engine and reports no norm
+        grad_norm, skipped = math.nan, False
+    else:
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        skipped = not math.isfinite(grad_norm)
     if skipped:  # a NaN/inf gradient would destroy the weights: keep them, say so
         optimizer.zero_grad(set_to_none=True)
     else:
@@ -220,7 +203,8 @@ def grpo_update(model, optimizer, mbs: list[MicroBatch], config: LossSettings, w
     optimizer.zero_grad(set_to_none=True)
     seconds = time.perf_counter() - t0
     m = dict(zip(STAT_NAMES, stats.tolist()))
-    tokens = world.all_sum(torch.tensor([sum(mb.n_input_tokens for mb in mbs)], dtype=torch.float64)).item()
+    tokens = accel.all_sum(accelerator, torch.tensor([sum(mb.n_input_tokens for mb in mbs)],
+                                                     dtype=torch.float64)).item()
     for k in ("clip_low", "clip_high", "ratio"):
         m[k] /= max(m["tokens"], 1)  # plain fractions / means over sampled tokens
     m.update(grad_norm=grad_norm, skipped=skipped, seconds=seconds, input_tokens=int(tokens),
@@ -256,66 +240,42 @@ def grpo_token_loss(logp, ent, mb: MicroBatch, config: LossSettings):
     return loss, [p.detach().double() for p in parts]
 
 
-def _all_reduce_grads(params, world: World, bucket: int = 1 << 24) -> None:
-    """Sum gradients over ranks in flat buckets (fewer, larger messages than one per tensor)."""
-    import torch
-    for p in params:
-        if p.grad is None:  # a rank whose trajectories never reached this parameter
-            p.grad = torch.zeros_like(p)
-    group, size = [], 0
-    for p in params + [None]:
-        if p is not None:
-            group.append(p)
-            size += p.numel()
-        if group and (p is None or size >= bucket):
-            flat = world.all_sum(torch.cat([q.grad.reshape(-1) for q in group]))
-            offset = 0
-            for q in group:
-                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q.grad))
-                offset += q.numel()
-            group, size = [], 0
-
-
-
-def fill_ref_logprobs(model, mbs: list[MicroBatch], config: LossSettings, *, disable_adapter: bool = False,
+def fill_ref_logprobs(model, mbs: list[MicroBatch], config: LossSettings, *, context=None,
                       on_micro_batch: Callable[[], None] | None = None) -> None:
-    """Reference log-probs for every micro-batch, once per step (the reference never changes)."""
-    _fill_logprobs(model, mbs, config, "ref", disable_adapter, on_micro_batch)
+    """Reference log-probs for every micro-batch, once per step (the reference never changes).
+
+    model: a scorer (accel.policy_scorer); context: entered around the passes (peft's
+    disable_adapter() when the reference is the base without the adapter, the accelerator's
+    autocast for a separately loaded reference)."""
+    _fill_logprobs(model, mbs, config, "ref", context, on_micro_batch)
 
 
 def fill_old_logprobs(model, mbs: list[MicroBatch], config: LossSettings, *,
                       on_micro_batch: Callable[[], None] | None = None) -> None:
     """`--old-logprobs recompute`: the policy's own log-probs before the update stand in for the sampler's."""
-    _fill_logprobs(model, mbs, config, "old", False, on_micro_batch)
+    _fill_logprobs(model, mbs, config, "old", None, on_micro_batch)
 
 
-def _fill_logprobs(model, mbs: list[MicroBatch], config: LossSettings, attr: str, disable_adapter: bool,
+def _fill_logprobs(model, mbs: list[MicroBatch], config: LossSettings, attr: str, context,
                    on_micro_batch: Callable[[], None] | None = None) -> None:
-    import contextlib
-
     import torch
-
-    from atomcli.train.logprobs import sequence_logprobs
-    ctx = model.disable_adapter() if disable_adapter else contextlib.nullcontext()
-    with torch.no_grad(), ctx:
+    with torch.no_grad(), context if context is not None else contextlib.nullcontext():
         for mb in mbs:
-            setattr(mb, attr, sequence_logprobs(model, mb.input_ids, mb.attention_mask, mb.rows, mb.cols,
-                                                mb.targets, config.temperature)[0])
+            setattr(mb, attr, model(mb.input_ids, mb.attention_mask, mb.rows, mb.cols, mb.targets,
+                                    temperature=config.temperature)[0].float())
             if on_micro_batch is not None:
                 on_micro_batch()
 
 
 def make_optimizer(model, lr: float, weight_decay: float = 0.0, state: dict | None = None, source: str = "-"):
-    """AdamW over the trainable parameters; `state` continues a saved run (lr/decay as given)."""
+    """AdamW over the trainable parameters; `state` continues a saved run (lr/decay as given).
+
+    Under accelerate the state is loaded after `prepare` instead (accel.load_optimizer_state),
+    once the parameters have their final (possibly sharded) form."""
     import torch
+
+    from atomcli.train import accel
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    if state is not None:
-        try:
-            optimizer.load_state_dict(state)
-        except (ValueError, KeyError, RuntimeError) as e:
-            raise InputError(f"optimizer.pt does not match the model ({str(e).splitlines()[0][:120]})", file=source,
-                             hint="was it written with a different --lora setting or model?") from None
-        for g in optimizer.param_groups:  # the saved state keeps its moments; the flags set the schedule
-            g["lr"], g["weight_decay"] = lr, weight_decay
+    accel.load_optimizer_state(None, optimizer, state, source)
     return optimizer

@@ -50,10 +50,20 @@ def _autograd_function():
                 logp[s:s + rows] = target_z - log_z[s:s + rows]
             ctx.save_for_backward(hidden, weight, bias, targets, log_z, ent)
             ctx.inv_temp = inv_temp
+            # the backward recomputes the logits: under the same autocast as here (bf16 mixed precision),
+            # or they would not match the saved log Z
+            kind = hidden.device.type
+            ctx.autocast = (kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind))
             return logp, ent
 
         @staticmethod
         def backward(ctx, g_logp, g_ent):
+            kind, enabled, dtype = ctx.autocast
+            with torch.autocast(kind, dtype=dtype, enabled=enabled):
+                return ChunkedTokenLogProb._backward(ctx, g_logp, g_ent)
+
+        @staticmethod
+        def _backward(ctx, g_logp, g_ent):
             hidden, weight, bias, targets, log_z, ent = ctx.saved_tensors
             inv_temp = ctx.inv_temp
             need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]

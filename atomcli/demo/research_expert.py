@@ -1,0 +1,229 @@
+"""What the research-style scripted experts share (`atom demo-world --style research`).
+
+Two experts write SFT trajectories in this style: the demo-world one (`research_world`) and
+the one over the real SQLite documentation (`real_sft`). Both must teach research rather
+than a template (issue 20), so they share:
+
+- `Recorder`: writes the turns of one trajectory, running every tool call through the real
+  `ToolBox` (the observations are what a rollout with the same index and k would see) and
+  building the trajectory row in the contract's columns;
+- `key_terms`: the words of a question that carry its meaning (queries are built from them,
+  never from a fixed phrase);
+- `say`: phrase banks with several wordings for each kind of thought, so no single sentence
+  is in every trajectory, and nothing in them names a number of hops or links that the
+  question does not show;
+- `evidence`: where a value occurs in an observation, and the sentence that states it (the
+  answer is copied from there, so no trajectory answers with a fact it did not receive).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+from atomcli.demo.world import SYSTEM_DATE  # the demo world's prompt date, defined once
+
+POLICY = "research-expert"
+
+# Question words and glue on top of the search engine's stopwords: a query is content words only.
+_EXTRA_STOP = frozenset({"what", "which", "who", "whom", "whose", "where", "when", "how", "why", "does", "did", "do",
+                         "is", "was", "were", "are", "the", "a", "an", "of", "in", "on", "at", "to", "for", "by",
+                         "from", "with"})
+_TERM_RE = re.compile(r"[\w][\w.\-]*(?:\(\)|\[\])?")
+
+
+def key_terms(text: str) -> list[str]:
+    """Content words of `text` in order, each once (case kept: identifiers stay searchable as written)."""
+    from atomcli.env.search_local import STOPWORDS
+    out, seen = [], set()
+    for tok in _TERM_RE.findall(re.sub(r"'s\b", "", text)):  # "PRAGMA's" -> "PRAGMA"
+        tok = tok.rstrip(".-")
+        low = tok.lower()
+        if (len(tok) > 1 or tok.isdigit()) and low not in STOPWORDS and low not in _EXTRA_STOP and low not in seen:
+            seen.add(low)
+            out.append(tok)
+    return out
+
+
+# --- wording ------------------------------------------------------------------------------------
+
+PHRASES = {
+    "plan_start": (
+        "The question is about {terms}; start with {goal}.",
+        "To answer I need {goal} first.",
+        "Key terms here are {terms}; begin by finding {goal}.",
+        "First step: {goal}.",
+        "I will look up {goal} before anything else.",
+        "Nothing is known yet, so search for {goal}.",
+        "Work from the named thing outward: {goal}.",
+        "Start from what the question names: {goal}.",
+    ),
+    "plan_next": (
+        "With that settled, find {goal}.",
+        "Now {goal}.",
+        "Next: {goal}.",
+        "That gives the next subject; look up {goal}.",
+        "Move on to {goal}.",
+        "The remaining unknown is {goal}.",
+    ),
+    "search": (
+        "Search with the question's own terms: {query}.",
+        "Query: {query}.",
+        "Try the search {query}.",
+        "Search for {query}.",
+        "Look for pages matching {query}.",
+        "Run a search on {query}.",
+    ),
+    "miss": (
+        "None of the results is about {target}; the query did not pin it down.",
+        "These results are about other things, not {target}.",
+        "No result is the page on {target}: the query was too vague.",
+        "The top results miss {target} entirely.",
+        "Nothing here answers it; {target} is not among the results.",
+    ),
+    "rewrite": (
+        "Rewrite the query instead of repeating it: {query}.",
+        "A sharper query: {query}.",
+        "Rephrase with more specific words: {query}.",
+        "Change the query to {query}.",
+        "Try different terms: {query}.",
+    ),
+    "namesake": (
+        "Results about {other} share part of the name but are a different entity.",
+        "{other} is a namesake, not {target}; ignore it.",
+        "A similar name, {other}, shows up; it is not the one asked about.",
+    ),
+    "snippet_short": (
+        "The page on {target} is in the results, but its snippet stops before {goal}.",
+        "The {target} result is right, yet the snippet does not show {goal}.",
+        "The snippet only mentions {target}; the page itself should say {goal}.",
+        "Right page, cut snippet: {goal} is not visible.",
+    ),
+    "browse": (
+        "Open the page and read it.",
+        "Read the full page for {goal}.",
+        "Browse the page to find {goal}.",
+        "Open {url} and look for {goal}.",
+    ),
+    "found": (
+        "The page says \"{quote}\".",
+        "Found it: \"{quote}\".",
+        "The text states \"{quote}\".",
+        "Evidence: \"{quote}\".",
+        "It reads: \"{quote}\".",
+    ),
+    "verify": (
+        "This comes from the page on {target} itself, so it is about the right entity.",
+        "The result title is {target}, so the fact belongs to it.",
+        "Checked: the sentence is on the {target} page.",
+    ),
+    "done": (
+        "That answers the question: {answer}.",
+        "The evidence is in hand; the answer is {answer}.",
+        "No more searching needed: {answer}.",
+        "Answer with the span from the page: {answer}.",
+        "Enough evidence; answer {answer}.",
+    ),
+}
+
+
+def say(rng: random.Random, kind: str, **fields) -> str:
+    return rng.choice(PHRASES[kind]).format(**fields)
+
+
+# --- evidence -----------------------------------------------------------------------------------
+
+RESULT_RE = re.compile(r"^\d+\. (?P<title>.*)\n   url: (?P<url>\S*)\n   (?P<snippet>.*)$", re.MULTILINE)
+_SENTENCE_CUT = re.compile(r"(?<=[.!?])\s+|\n+|…|\s-\s")  # list items are sentences too
+
+
+def results(obs: str) -> list[dict]:
+    """The search results of an observation: [{title, url, snippet}] in rank order."""
+    return [m.groupdict() for m in RESULT_RE.finditer(obs)]
+
+
+def value_pattern(value: str) -> re.Pattern:
+    """`value` as a whole word (case-insensitive): "7" must not match inside "127"."""
+    return re.compile(r"(?<!\w)" + re.escape(value) + r"(?!\w)", re.IGNORECASE)
+
+
+def quote(text: str, value: str, terms: list[str] = (), max_words: int = 24) -> str | None:
+    """The sentence of `text` that states `value` (most key terms first), cut to `max_words`; None if absent."""
+    pat = value_pattern(value)
+    best, best_score = None, -1
+    for sent in (s.strip() for s in _SENTENCE_CUT.split(text)):
+        if sent and pat.search(sent):
+            score = sum(t.lower() in sent.lower() for t in terms)
+            if score > best_score:
+                best, best_score = sent, score
+    if best is None:
+        return None
+    words = best.split()
+    if len(words) > max_words:  # keep the words around the value
+        at = len(best[:pat.search(best).start()].split())
+        lo = max(0, min(at - max_words // 2, len(words) - max_words))
+        best = " ".join(words[lo:lo + max_words])
+    return best.rstrip(".")
+
+
+def copy_span(text: str, value: str) -> str | None:
+    """`value` as the observation writes it (its casing), or None when it is not there."""
+    m = value_pattern(value).search(text)
+    return m.group(0) if m else None
+
+
+# --- one trajectory -----------------------------------------------------------------------------
+
+def units_text(units: list[tuple[str, str]]) -> str:
+    return "".join(f"<{t}>{x}</{t}>" for t, x in units)
+
+
+class Recorder:
+    """Writes one trajectory's turns, running each tool call through `toolbox` as a rollout would."""
+
+    def __init__(self, toolbox, row: dict, traj_id: str):
+        from atomcli.agent import format as af
+        self.tb, self.row, self.traj_id = toolbox, row, traj_id
+        self.msgs = [{"role": "system", "content": af.system_prompt(date=SYSTEM_DATE)},
+                     {"role": "user", "content": af.user_message(row["question"])}]
+        self.calls: list[dict] = []
+        self.queries: list[str] = []      # every query issued, so none is ever repeated
+        self.seen: list[str] = []         # every observation received
+
+    def act(self, units: list[tuple[str, str]], name: str, args: dict) -> str:
+        from atomcli.agent import format as af
+        raw = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+        self.msgs.append({"role": "assistant", "content": f"<think>{units_text(units)}</think><tool_call>{raw}</tool_call>"})
+        parsed = af.parse_tool_call(raw)  # exactly what a rollout would parse from this turn
+        res = self.tb.run(parsed, self.traj_id)
+        self.calls.append({"turn": sum(m["role"] == "assistant" for m in self.msgs), "name": name,
+                           "arguments": json.dumps(parsed.arguments, ensure_ascii=False), "ok": bool(res.ok),
+                           "error": res.error, "cached": bool(res.cached),
+                           "seconds": None})  # wall time would make the file differ run to run
+        self.msgs.append({"role": "tool", "content": af.tool_message(res.observation)})
+        self.seen.append(res.observation)
+        return res.observation
+
+    def search(self, units: list[tuple[str, str]], query: str) -> str:
+        self.queries.append(query.lower())
+        return self.act(units, "web_search", {"query": [query]})
+
+    def browse(self, units: list[tuple[str, str]], url: str, query: str) -> str:
+        return self.act(units, "browse_webpage", {"url_list": [url], "query": query})
+
+    def issued(self, query: str) -> bool:
+        return query.lower() in self.queries
+
+    def finish(self, units: list[tuple[str, str]], answer: str) -> dict:
+        """The answer turn and the trajectory row (contract columns, as a rollout writes them)."""
+        from atomcli.agent import format as af
+        self.msgs.append({"role": "assistant", "content": f"<think>{units_text(units)}</think><answer>{answer}</answer>"})
+        self.tb.forget(self.traj_id)
+        n = self.calls
+        return {**self.row, "traj_id": self.traj_id, "group_id": self.row["id"], "sample_idx": 0, "policy": POLICY,
+                "messages": self.msgs, "answer": answer, "finish_reason": "answer",
+                "format_ok": af.trajectory_format_ok(self.msgs),
+                "n_turns": sum(m["role"] == "assistant" for m in self.msgs),
+                "n_search": sum(c["name"] == "web_search" for c in n),
+                "n_browse": sum(c["name"] == "browse_webpage" for c in n), "tool_calls": n}

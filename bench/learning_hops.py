@@ -1,0 +1,49 @@
+"""Which training trajectories succeeded, by hop count and searches (bench/LEARNING.md, "Why the multi-hop
+questions are lost"): read a learning run's step tables and count, per hop count, the trajectories that
+were solved (F1 > 0.5), solved with two or more searches, and that searched twice at all.
+
+    python bench/learning_hops.py runs/learning/fused runs/learning/outcome --steps 1-4
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def counts(run: Path, steps: range) -> dict:
+    from atomcli import tableio
+    from atomcli.stages.run_all import question_hops
+    c: dict = collections.Counter()
+    for s in steps:
+        t = tableio.read_table(str(run / "steps" / f"{s:04d}" / "rewarded.parquet"))
+        rows = t.select(["f1", "n_search"]).to_pylist()
+        for hops, r in zip(question_hops(t), rows):
+            c[hops, "n"] += 1
+            c[hops, "solved"] += r["f1"] > 0.5
+            c[hops, "solved_2_searches"] += r["f1"] > 0.5 and r["n_search"] >= 2
+            c[hops, "searched_twice"] += r["n_search"] >= 2
+    return c
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--steps", default="1-4", help="first-last step (1-based)")
+    args = ap.parse_args()
+    a, b = (int(x) for x in args.steps.split("-"))
+    print("| run | hops | trajectories | solved (F1 > 0.5) | solved with >= 2 searches | searched >= 2 times |")
+    print("|---|---|---|---|---|---|")
+    for run in args.runs:
+        c = counts(run, range(a, b + 1))
+        for h in sorted({k[0] for k in c}):
+            print(f"| {run.name} | {h} | {c[h, 'n']} | {c[h, 'solved']} | {c[h, 'solved_2_searches']} "
+                  f"| {c[h, 'searched_twice']} |")
+
+
+if __name__ == "__main__":
+    main()

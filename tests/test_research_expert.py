@@ -1,0 +1,201 @@
+"""The research style of the demo world (issue 20): a world that needs reading, an expert that
+researches instead of filling a template, and an SFT mix with the real benchmark's train split.
+Data-level checks only: no model is loaded."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import atom
+
+from atomcli import schema
+from atomcli.agent import format as agent_format
+from atomcli.context import Context
+from atomcli.demo import real_docs, research_expert, research_world
+from atomcli.demo import world as demo_world
+from atomcli.errors import InputError
+from atomcli.rewards import metrics
+
+SEED = 5
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def research_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("research") / "world"
+    summary = demo_world.main(str(out), seed=SEED, articles=600, train=120, test=30, sft=80, style="research",
+                              context=Context(quiet=True))
+    assert summary["sft_demo"] == 80 and summary["sft_real"] >= 40
+    return out
+
+
+@pytest.fixture(scope="module")
+def rows(research_dir):
+    return pq.read_table(research_dir / "sft.parquet").to_pylist()
+
+
+def demo_rows(rows):
+    return [r for r in rows if r["data_source"].startswith("demo_")]
+
+
+def assistant_units(r):
+    return [u for m in r["messages"] if m["role"] == "assistant" for u in agent_format.atomic_thoughts(m["content"])]
+
+
+def observations(r):
+    return [m["content"] for m in r["messages"] if m["role"] == "tool"]
+
+
+def queries(r):
+    return [q for c in r["tool_calls"] if c["name"] == "web_search" for q in json.loads(c["arguments"])["query"]]
+
+
+def test_rows_pass_the_sft_format_checks(research_dir, rows):
+    table = pq.read_table(research_dir / "sft.parquet")
+    schema.require(table, "sft", "sft.parquet")
+    for name in table.column_names:
+        assert table.schema.field(name).type == schema.COLUMNS[name].type, name
+    for r in rows:
+        assert r["format_ok"] and agent_format.trajectory_format_ok(r["messages"])
+        assert r["finish_reason"] == "answer" and r["policy"] == research_expert.POLICY
+        roles = [m["role"] for m in r["messages"][2:]]
+        assert roles == ["assistant", "tool"] * (len(roles) // 2) + ["assistant"]
+        assert r["n_turns"] == len(r["tool_calls"]) + 1 == roles.count("assistant")
+        assert agent_format.extract_answer(r["messages"][-1]["content"]) == r["answer"]
+        assert metrics.f1(r["answer"], r["golden_answers"]) == 1.0
+        assert all(c["ok"] for c in r["tool_calls"])
+    config = schema.provenance(table)[-1]["config"]
+    assert config["style"] == "research" and config["real"] == "sqlite"
+
+
+def test_every_answer_was_received_from_a_tool(rows):
+    """No invented facts: the answer is a span of an observation the trajectory received."""
+    for r in rows:
+        pat = research_expert.value_pattern(r["answer"])
+        assert any(pat.search(o) for o in observations(r)), (r["id"], r["answer"])
+
+
+def test_thoughts_and_queries_are_varied_and_built_from_the_question(rows):
+    firsts = [assistant_units(r)[0] for r in rows]
+    assert all(tag == "PLAN" for tag, _ in firsts)
+    # the template of each first plan: its words that are neither in the question nor in any observation
+    skeletons = Counter()
+    for r, (_, text) in zip(rows, firsts):
+        known = set(re.findall(r"\w+", (r["question"] + " ".join(observations(r))).lower()))
+        skeletons[" ".join(w for w in re.findall(r"\w+", text.lower()) if w not in known)] += 1
+    assert len(skeletons) >= 6 and max(skeletons.values()) < 0.4 * len(rows), skeletons.most_common(3)
+    all_units = [text for r in rows for _, text in assistant_units(r)]
+    assert len(set(all_units)) > 0.6 * len(all_units)
+    for stale in ("-hop question", "links", "lookups"):  # the classic expert's counting phrases
+        assert not any(stale in t for t in all_units), stale
+    for r in rows:  # the first query is made of the question's own words
+        terms = {t.lower() for t in research_expert.key_terms(r["question"])}
+        first = research_expert.key_terms(queries(r)[0])
+        assert first and sum(t.lower() in terms for t in first) >= 0.5 * len(first), (r["question"], queries(r)[0])
+        assert len(queries(r)) == len({q.lower() for q in queries(r)})       # never the same query twice
+
+
+def test_some_trajectories_rewrite_a_failed_query_and_browse_a_cut_snippet(rows):
+    rewrites = browses = 0
+    for r in rows:
+        tags = [tag for tag, _ in assistant_units(r)]
+        calls = [c["name"] for c in r["tool_calls"]]
+        for i, c in enumerate(calls[:-1]):
+            if c == "web_search" and calls[i + 1] == "web_search":
+                turn = agent_format.atomic_thoughts([m["content"] for m in r["messages"]
+                                                     if m["role"] == "assistant"][i + 1])
+                if any(t == "REFLECTION" for t, _ in turn):
+                    rewrites += 1
+        browses += calls.count("browse_webpage")
+        assert tags
+    assert rewrites >= 5 and browses >= 20
+
+
+def test_browsing_happens_when_the_snippet_lacks_the_fact(rows):
+    """Every browse follows a search whose results did not show the fact the next thought quotes."""
+    seen = 0
+    for r in demo_rows(rows):
+        msgs = r["messages"]
+        for k, m in enumerate(msgs):
+            if m["role"] == "assistant" and '"browse_webpage"' in m["content"]:
+                snippet_obs, page = msgs[k - 1]["content"], msgs[k + 1]["content"]
+                said = next(x for _, x in agent_format.atomic_thoughts(msgs[k + 2]["content"]) if '"' in x)
+                quote = re.search(r'"(.+)"', said).group(1)
+                assert quote in " ".join(page.split()) and quote not in " ".join(snippet_obs.split())
+                seen += 1
+    assert seen >= 10
+
+
+def test_the_mix_has_real_train_questions_and_never_a_real_test_one(rows):
+    _, questions = real_docs.load("sqlite")
+    train = {q["id"]: q["question"] for q in questions if q["split"] == "train"}
+    test = {q["id"]: q["question"] for q in questions if q["split"] == "test"}
+    real = [r for r in rows if r["data_source"].startswith("sqlite_")]
+    assert len(real) >= 40 and len(demo_rows(rows)) == 80 and len(real) + len(demo_rows(rows)) == len(rows)
+    assert all(r["id"] in train and r["question"] == train[r["id"]] for r in real)
+    assert not {r["id"] for r in rows} & set(test)
+    assert not {r["question"] for r in rows} & set(test.values())
+    assert {r["data_source"] for r in real} == {"sqlite_1hop", "sqlite_2hop"}
+    sources = [r["data_source"][:4] for r in rows[:40]]
+    assert "demo" in sources and "sqli" in sources                         # interleaved, not two blocks
+
+
+def test_real_observations_are_what_the_real_tools_return(rows, tmp_path):
+    from atomcli.env.tools import ToolBox
+    real_docs.build("sqlite", tmp_path / "real")
+    tb = ToolBox("local:" + str(tmp_path / "real" / "index.sqlite"), Context(quiet=True), k=demo_world.SFT_K)
+    try:
+        for r in [r for r in rows if r["data_source"].startswith("sqlite_")][:12]:
+            calls = [m["content"] for m in r["messages"] if m["role"] == "assistant"][:-1]
+            for text, recorded in zip(calls, observations(r)):
+                call = agent_format.parse_tool_call(agent_format.TOOL_RE.findall(text)[-1])
+                assert agent_format.tool_message(tb.run(call, r["traj_id"]).observation) == recorded
+            tb.forget(r["traj_id"])
+    finally:
+        tb.close()
+
+
+def test_the_research_world_has_namesakes_and_pages_that_need_reading(research_dir):
+    docs = read_jsonl(research_dir / "corpus.jsonl")
+    titles = [d["title"] for d in docs]
+    assert len(set(titles)) == len(titles)
+    people = [d["title"] for d in docs if d["id"].startswith("person")]
+    surnames = Counter(t.split()[-1] for t in people)
+    assert sum(n > 1 for n in surnames.values()) >= 10                   # people who share a surname
+    firsts = Counter(d["title"].split()[0] for d in docs if d["id"].startswith(("org", "work")))
+    assert sum(n > 1 for n in firsts.values()) >= 10                     # "Orlenic Press" / "Orlenic Editions"
+    assert sum("should not be confused with" in d["contents"] for d in docs) >= 20
+    words = sorted(len(d["contents"].split()) for d in docs)
+    assert words[len(words) // 2] >= 70                                  # longer than a 48-token snippet
+    world = research_world.build(SEED, 600)
+    _, spans = research_world.render(world, SEED)
+    phrasings = Counter(re.sub(r"[A-Z]\w+|\d+", "_", s) for (e, rel), s in spans.items() if rel == "mentor")
+    assert len(phrasings) >= 3                                           # one relation, several wordings
+
+
+def test_research_world_is_reproducible_and_its_questions_are_flashrag(tmp_path):
+    args = ["--articles", "200", "--train", "20", "--test", "6", "--sft", "4", "--style", "research"]
+    for name in ("a", "b"):
+        proc = atom("demo-world", "--out", tmp_path / name, "--seed", 2, *args)
+        assert proc.returncode == 0, proc.stderr.decode()
+    for f in demo_world.FILES:
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    train, test = read_jsonl(tmp_path / "a" / "train.jsonl"), read_jsonl(tmp_path / "a" / "test.jsonl")
+    assert all(set(q) == {"id", "question", "golden_answers", "data_source"} for q in train + test)
+    assert not {q["question"] for q in train} & {q["question"] for q in test}
+
+
+def test_an_unknown_style_lists_the_valid_ones(tmp_path):
+    with pytest.raises(InputError) as e:
+        demo_world.main(str(tmp_path / "w"), style="fancy")
+    assert "classic" in e.value.hint and "research" in e.value.hint
+    proc = atom("demo-world", "--out", tmp_path / "w", "--style", "fancy")
+    assert proc.returncode == 2 and b"research" in proc.stderr
+    assert not (tmp_path / "w").exists()
