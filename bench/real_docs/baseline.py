@@ -66,7 +66,8 @@ def main() -> None:
             text = tok.decode(row, skip_special_tokens=True).strip()
             answers.append(re.split(r"\n", text, maxsplit=1)[0].strip())  # the first line is the answer
         print(f"{len(answers)}/{len(prompts)}", file=sys.stderr)
-    rows = [{**{k: q[k] for k in schema.QUESTION_COLUMNS if k in q}, "answer": a, "policy": f"top{args.k}:{args.model}"}
+    keep = [*schema.QUESTION_COLUMNS, "data_source"]  # per-source scores in `atom eval`
+    rows = [{**{k: q[k] for k in keep if k in q}, "answer": a, "policy": f"top{args.k}:{args.model}"}
             for q, a in zip(questions, answers)]
     table = pa.table({c: [r.get(c) for r in rows] for c in rows[0]})
     tableio.write_table(table, args.out)
