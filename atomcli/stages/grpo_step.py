@@ -251,15 +251,18 @@ def run(table, config: GRPOConfig, context):
             elif policy.ref == policy.start and policy.step == 1:
                 fill_ref_logprobs(scorer, mbs, loss, on_micro_batch=tick)  # first step: the policy *is* the reference
             else:
-                def load_ref():
+                def load_ref(where: str | None):
                     ref_model, _ = models.load(policy.ref, context, trust_remote_code=config.trust_remote_code,
-                                               device=_device_name(device))
+                                               device=where)
                     return ref_model.eval()
-                # run-all keeps the reference with its resident policy; a lone call frees it before the
-                # backward passes need the memory
-                ref_model = resident.reference(policy.ref, load_ref) if resident is not None else load_ref()
+                # a lone call frees the reference before the backward passes need the memory; run-all keeps
+                # it with its resident policy, in host memory between the reference passes (exact copies)
+                ref_model = (resident.reference(policy.ref, lambda: load_ref(None)).to(device) if resident is not None
+                             else load_ref(_device_name(device)))
                 fill_ref_logprobs(accel.policy_scorer(ref_model), mbs, loss, context=accelerator.autocast(),
                                   on_micro_batch=tick)
+                if resident is not None:
+                    ref_model.to("cpu")
                 del ref_model
         ref_seconds = time.perf_counter() - t0
 

@@ -11,7 +11,8 @@ there:
   (`stands_for`), they get its module (`sampler`);
 - grpo-step (atomcli.stages.grpo_step) continues from `model`, `optimizer_state` and `state`
   instead of reading the folder. It keeps a separately loaded KL reference here (`reference`), so
-  that reference is loaded once per run, not once per step. The update changes the module and the
+  that reference is loaded once per run, not once per step; it waits in host memory between its
+  passes, so the update's peak device memory is what a lone grpo-step needs. The update changes the module and the
   AdamW moments in place: after grpo-step, run-all replaces the resident with the new result.
 
 It holds what the folder would hold: the trained module (the weights save_pretrained writes),
