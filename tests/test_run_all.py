@@ -329,7 +329,8 @@ def test_save_every_thins_checkpoints_and_resume_redoes_the_unsaved_steps(moving
     out = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "atomcli", "run-all", "--demo", "--quick", "--config", str(cfg),
-                             "--out", str(out)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--out", str(out)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     target = out / "steps" / "0002" / "questions.parquet"  # step 1 done (tables, metrics, eval), step 2 begun
     deadline = time.time() + 600
     while not target.exists() and proc.poll() is None and time.time() < deadline:
@@ -404,10 +405,29 @@ def test_resident_policy_continues_exactly_like_its_saved_checkpoint(moving_run,
     mem = grpo_step.run(tables[1], nxt, ctx)
     disk = grpo_step.run(tables[1], nxt, Context(quiet=True))
     assert mem.step == disk.step == 2 and mem.extra == disk.extra and mem.ref == disk.ref and mem.base == disk.base
-    measured = lambda m: {k: v for k, v in m.items() if not any(c in k for c in ("second", "per_s", "peak", "updates"))}  # noqa: E731,E501  (clocks and memory)
+    def measured(m: dict) -> dict:  # without clocks and memory
+        return {k: v for k, v in m.items() if not any(c in k for c in ("second", "per_s", "peak", "updates"))}
     assert measured(mem.metrics) == measured(disk.metrics) and measured(mem.metrics)["grad_norm"] > 0
     wa, wb = ((checkpoint.merged_state_dict(r.model) if lora else r.model.state_dict()) for r in (mem, disk))
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     oa, ob = mem.optimizer_state, disk.optimizer_state
     assert oa["state"].keys() == ob["state"].keys()
     assert all(torch.equal(oa["state"][k][n], ob["state"][k][n]) for k in oa["state"] for n in oa["state"][k])
+
+
+def test_save_every_is_checked_at_start(tmp_path):
+    """A negative save_every, or save_every > 1 with a served policy (synced from each checkpoint on disk),
+    is refused before anything is built."""
+    from atomcli.context import Context
+    from atomcli.errors import InputError
+    served = {"model": "openai:http://127.0.0.1:9/v1#m", "policy_sync": "sglang-disk"}
+    for extra, message in (({"save_every": -1}, "save_every must be >= 0"),
+                           ({**served, "save_every": 2}, "save_every must be 1")):
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(run_all.to_toml({"run-all": extra}))
+        settings = run_all.prepare(tmp_path / "run", True, True, str(cfg), Context(quiet=True), build=False)
+        with pytest.raises(InputError, match=message):
+            run_all.Run(tmp_path / "run", settings, Context(quiet=True))
+    settings["run-all"]["save_every"] = 1
+    assert run_all.Run(tmp_path / "run", settings, Context(quiet=True)).save_every == 1
+    assert not (tmp_path / "run").exists()

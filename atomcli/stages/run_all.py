@@ -493,7 +493,8 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
         model = str(ckpt)
         if cfg.eval_every and (t + 1) % cfg.eval_every == 0 and t + 1 < cfg.steps:
             name = f"step-{t + 1:04d}"
-            if t + 1 < last and not (ckpt / "config.json").exists() and not (run_dir / "eval" / f"{name}.json").exists():
+            lost = not (ckpt / "config.json").exists() and not (run_dir / "eval" / f"{name}.json").exists()
+            if t + 1 < last and lost:
                 run.log(f"[yellow]note:[/] eval {name} is missing and its checkpoint was not saved: skipped")
             else:
                 run.evaluate(name, model)  # between saves: the in-memory policy
@@ -512,9 +513,11 @@ def _resume_point(run: Run) -> int:
     tables were made by policies that were only in memory."""
     import shutil
     steps = run.out / "steps"
-    done = [int(p.parent.parent.name) for p in steps.glob("[0-9][0-9][0-9][0-9]/ckpt/config.json")] if steps.is_dir() else []
+    if not steps.is_dir():
+        return 0
+    done = [int(p.parent.parent.name) for p in steps.glob("[0-9][0-9][0-9][0-9]/ckpt/config.json")]
     last = max([n for n in done if n <= run.cfg.steps], default=0)
-    for p in sorted(steps.glob("[0-9][0-9][0-9][0-9]")) if steps.is_dir() else []:
+    for p in sorted(steps.glob("[0-9][0-9][0-9][0-9]")):
         n = int(p.name)
         if n == last + 1:
             (p / "metrics.json").unlink(missing_ok=True)
