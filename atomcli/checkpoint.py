@@ -100,17 +100,14 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def save(result: TrainResult, out: str, *, stage: str, config: Any = None, context=None) -> None:
-    """Write the checkpoint folder `out` atomically (rank 0 only)."""
-    import torch
-
+def make_state(result: TrainResult, *, stage: str, config: Any = None, parent: dict | None = None) -> dict:
+    """The atom_state.json of `result`'s checkpoint. `parent`: the state of the checkpoint it was
+    trained from (default: read from `result.base`; run-all passes the in-memory one, which may not
+    have been saved)."""
     from atomcli import schema
-    from atomcli.tableio import atomic_dir
-
-    if not is_main_process():
-        return
-    parent = read_state(result.base)
-    state = {
+    if parent is None:
+        parent = read_state(result.base)
+    return {
         "format": 1,
         "stage": stage,
         "version": __version__,
@@ -126,6 +123,21 @@ def save(result: TrainResult, out: str, *, stage: str, config: Any = None, conte
         # the chain of stages that produced this checkpoint, oldest first
         "history": parent.get("history", []) + [{"stage": stage, "step": result.step, "from": result.base}],
     }
+
+
+def save(result: TrainResult, out: str, *, stage: str, config: Any = None, context=None,
+         state: dict | None = None) -> None:
+    """Write the checkpoint folder `out` atomically (rank 0 only). `state`: its atom_state.json
+    (default: make_state with the parent read from disk)."""
+    import torch
+
+    from atomcli import schema
+    from atomcli.tableio import atomic_dir
+
+    if not is_main_process():
+        return
+    if state is None:
+        state = make_state(result, stage=stage, config=config)
     with atomic_dir(out) as tmp:
         if result.lora:
             result.model.save_pretrained(tmp / ADAPTER_DIR)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from atomcli.train.resident import ResidentPolicy
 
 
 def atom_home() -> Path:
@@ -25,6 +28,9 @@ class Context:
     quiet: bool = False
     home: Path = field(default_factory=atom_home)
     _cache: dict = field(default_factory=dict, repr=False)
+    # run-all's in-memory policy (atomcli.train.resident): the model of the checkpoint it stands for,
+    # saved or not, and what grpo-step continues from; None outside run-all
+    resident: "ResidentPolicy | None" = field(default=None, repr=False)
 
     def log(self, msg: str) -> None:
         """Human-readable progress; stderr only (stdout carries data)."""
@@ -55,7 +61,10 @@ class Context:
 
     # Convenience accessors; the heavy lifting lives in the modules named.
     def model(self, spec: str, **kw):
-        """(model, tokenizer) for a model spec; see atomcli.models."""
+        """(model, tokenizer) for a model spec; see atomcli.models. The resident policy answers for
+        the checkpoint it stands for (its module, on the trainer's device)."""
+        if self.resident is not None and self.resident.stands_for(spec):
+            return self.resident.sampler()
         from atomcli import models
         return self.cached(("model", spec, tuple(sorted(kw.items()))), lambda: models.load(spec, self, **kw))
 

@@ -53,10 +53,17 @@ def table_to_table(stage: str, mod, config, inp: str, out: str, context, fmt: st
 
 def table_to_checkpoint(stage: str, mod, config, inp: str, out: str, context) -> None:
     """read -> require -> run -> save for a stage that trains (sft, grpo-step)."""
-    from atomcli import checkpoint, safety
+    from atomcli import checkpoint
+    result = train_from_table(stage, mod, config, inp, out, context)
+    checkpoint.save(result, str(out), stage=stage, config=config, context=context)
+
+
+def train_from_table(stage: str, mod, config, inp: str, out: str, context):
+    """read -> require -> run for a stage that trains; the checkpoint.TrainResult, not yet saved to `out`
+    (run-all saves it, or keeps it in memory, atomcli.train.resident)."""
+    from atomcli import safety
     # never a folder that is not a checkpoint, never over the data or the model it trains from
     safety.check_output(out, safety.CHECKPOINT,
                         inputs=[inp, getattr(config, "model", None), getattr(config, "ref", None)])
     table = read_input(inp, stage)
-    result = run_stage(stage, mod, config, table, context, inp)
-    checkpoint.save(result, str(out), stage=stage, config=config, context=context)
+    return run_stage(stage, mod, config, table, context, inp)

@@ -268,3 +268,166 @@ def test_dynamic_batch_keeps_groups_with_signal_across_rounds(tmp_path, monkeypa
     assert (tmp_path / "round-3" / "rewarded.parquet").exists() and not (tmp_path / "round-4").exists()
     again = run_all._dynamic_batch(run, 0, tmp_path, "m", train, [0, 1, 2, 3, 4, 5], first)  # resume: same
     assert again == (batch, counts) and tableio.read_table(str(batch)).equals(kept)
+
+
+# --- the resident loop: the policy stays in memory, checkpoints every save_every steps ------------
+
+# Real updates on the quick demo: its tiny random model earns the same reward on every trajectory
+# (every advantage 0, no gradient), so the entropy and KL terms make every step move the weights and
+# the AdamW moments, and from step 2 on the KL reference (the SFT checkpoint) is loaded.
+MOVING = ("[run-all]\nsteps = 3\neval_every = 1\neval_base = false\n"
+          "[grpo-step]\nentropy_coef = 0.05\nbeta = 0.05\n")
+
+
+def _optimizer_equal(a: Path, b: Path) -> bool:
+    import torch
+    sa, sb = (torch.load(p / "optimizer.pt", weights_only=True) for p in (a, b))
+    return sa["param_groups"] == sb["param_groups"] and sa["state"].keys() == sb["state"].keys() and all(
+        sa["state"][k].keys() == sb["state"][k].keys() and all(torch.equal(sa["state"][k][n], sb["state"][k][n])
+                                                               for n in sa["state"][k]) for k in sa["state"])
+
+
+def _same_run(out: Path, ref: Path, steps=(1, 2, 3), evals=("step-0001", "step-0002", "step-0003")) -> None:
+    for t in steps:
+        for name in TABLES:
+            rel = Path("steps") / f"{t:04d}" / f"{name}.parquet"
+            assert _rows(out / rel, out) == _rows(ref / rel, ref), rel
+    last = Path("steps") / f"{steps[-1]:04d}" / "ckpt"
+    assert _same_weights(out / last, ref / last) and _optimizer_equal(out / last, ref / last)
+    for name in evals:
+        assert _rows(out / "eval" / f"{name}.parquet", out) == _rows(ref / "eval" / f"{name}.parquet", ref), name
+    drop = lambda m: {k: v for k, v in m.items() if k not in ("time_min", "tokens_per_s")}  # noqa: E731  (clocks)
+    lines = lambda d: [drop(json.loads(x)) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert lines(out) == lines(ref)
+
+
+@pytest.fixture(scope="module")
+def moving_run(tmp_path_factory) -> Path:
+    """MOVING with a checkpoint every step (save_every unset = 1)."""
+    base = tmp_path_factory.mktemp("moving")
+    (base / "moving.toml").write_text(MOVING)
+    out = base / "run"
+    atom("run-all", "--demo", "--quick", "--config", base / "moving.toml", "--out", out, check=True, timeout=900)
+    return out
+
+
+def test_moving_run_really_trains(moving_run):
+    metrics = [json.loads(x) for x in (moving_run / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["grad_norm"] > 0 for m in metrics)
+    assert not _same_weights(moving_run / "sft", moving_run / "steps" / "0001" / "ckpt")
+    assert not _same_weights(moving_run / "steps" / "0002" / "ckpt", moving_run / "steps" / "0003" / "ckpt")
+    assert all((moving_run / "steps" / f"{t:04d}" / "ckpt" / "optimizer.pt").exists() for t in (1, 2, 3))
+
+
+def test_save_every_thins_checkpoints_and_resume_redoes_the_unsaved_steps(moving_run, tmp_path):
+    """save_every = 2: checkpoints at steps 2 and 3 only, the same tables, evals and final weights and
+    AdamW state as saving every step. Killed after step 1 (whose checkpoint is never written), --resume
+    restarts from SFT with step 1's tables, removes the started step 2 and ends the same; the eval of
+    step 1, made from the policy in memory, equals `atom eval` of the saved step-1 checkpoint."""
+    cfg = tmp_path / "k2.toml"
+    cfg.write_text(MOVING.replace("[run-all]\n", "[run-all]\nsave_every = 2\n"))
+    out = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "atomcli", "run-all", "--demo", "--quick", "--config", str(cfg),
+                             "--out", str(out)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = out / "steps" / "0002" / "questions.parquet"  # step 1 done (tables, metrics, eval), step 2 begun
+    deadline = time.time() + 600
+    while not target.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "run-all finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    step1 = out / "steps" / "0001"
+    assert (step1 / "metrics.json").exists() and (out / "eval" / "step-0001.json").exists()
+    assert not (step1 / "ckpt").exists() and not (out / "steps" / "0002" / "ckpt").exists()
+
+    atom("run-all", "--demo", "--quick", "--config", cfg, "--out", out, "--resume", check=True, timeout=900)
+    assert [(out / "steps" / f"{t:04d}" / "ckpt").exists() for t in (1, 2, 3)] == [False, True, True]
+    _same_run(out, moving_run)
+    # the saved checkpoint's chain names the step that was only in memory
+    state = json.loads((out / "steps" / "0002" / "ckpt" / "atom_state.json").read_text())
+    assert [h["step"] for h in state["history"]] == [0, 1, 2] and state["updates"] == 2
+    assert state["history"][-1]["from"] == str((step1 / "ckpt").resolve())
+
+    settings = json.loads((out / "config.json").read_text())
+    toml = tmp_path / "eval.toml"
+    toml.write_text(run_all.to_toml({k: settings[k] for k in ("rollout", "eval") if k in settings}))
+    atom("eval", out / "eval" / "questions.parquet", "--model", moving_run / "steps" / "0001" / "ckpt", "--search",
+         settings["run-all"]["search"], "--config", toml, "--out", tmp_path / "step1.json", check=True, timeout=600)
+    mine, memory = (json.loads(p.read_text()) for p in (tmp_path / "step1.json", out / "eval" / "step-0001.json"))
+    assert mine["per_question"] == memory["per_question"] and mine["overall"] == memory["overall"]
+
+    # killed after step 3's rollouts and before its checkpoint: resumed from step 2's saved checkpoint
+    # (weights and optimizer.pt from disk), step 3 is rolled out and trained again, and ends the same
+    import shutil
+    step3 = out / "steps" / "0003"
+    shutil.rmtree(step3 / "ckpt")
+    for p in [step3 / "metrics.json", step3 / "rollouts.parquet", step3 / "scored.parquet",
+              step3 / "rewarded.parquet", out / "summary.md", *out.glob("eval/step-0003.*"),
+              *out.glob("eval/transfer/step-0003.*")]:
+        p.unlink()
+    atom("run-all", "--demo", "--quick", "--config", cfg, "--out", out, "--resume", check=True, timeout=900)
+    assert (step3 / "ckpt" / "optimizer.pt").exists() and (out / "summary.md").exists()
+    _same_run(out, moving_run)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_resident_policy_continues_exactly_like_its_saved_checkpoint(moving_run, tmp_path, lora):
+    """At the stage level: grpo-step continued from the in-memory policy equals grpo-step continued from
+    the folder it was saved to (weights, AdamW state, metrics), and its sampler holds the saved weights."""
+    import dataclasses
+
+    import torch
+    from safetensors.torch import load_file
+
+    from atomcli import checkpoint
+    from atomcli.context import Context
+    from atomcli.stages import grpo_step
+    from atomcli.train.resident import ResidentPolicy
+
+    settings = json.loads((moving_run / "config.json").read_text())
+    cfg = dataclasses.replace(grpo_step.GRPOConfig(**settings["grpo-step"]), model=str(moving_run / "sft"),
+                              lora=lora, lora_r=4)
+    tables = [tableio.read_table(str(moving_run / "steps" / f"{t:04d}" / "rewarded.parquet")) for t in (1, 2)]
+    ctx = Context(quiet=True)
+    first = grpo_step.run(tables[0], cfg, ctx)
+    one = tmp_path / "one"
+    state = checkpoint.make_state(first, stage="grpo-step", config=cfg)
+    checkpoint.save(first, str(one), stage="grpo-step", config=cfg, context=ctx, state=state)
+    ctx.resident = ResidentPolicy.first(str(one), first, state)
+    sampler, _ = ctx.model(str(one))
+    saved = load_file(str(one / "model.safetensors"))
+    live = sampler.state_dict()
+    assert all(torch.equal(live[k], saved[k]) for k in saved)
+
+    nxt = dataclasses.replace(cfg, model=str(one))
+    mem = grpo_step.run(tables[1], nxt, ctx)
+    disk = grpo_step.run(tables[1], nxt, Context(quiet=True))
+    assert mem.step == disk.step == 2 and mem.extra == disk.extra and mem.ref == disk.ref and mem.base == disk.base
+    def measured(m: dict) -> dict:  # without clocks and memory
+        return {k: v for k, v in m.items() if not any(c in k for c in ("second", "per_s", "peak", "updates"))}
+    assert measured(mem.metrics) == measured(disk.metrics) and measured(mem.metrics)["grad_norm"] > 0
+    wa, wb = ((checkpoint.merged_state_dict(r.model) if lora else r.model.state_dict()) for r in (mem, disk))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    oa, ob = mem.optimizer_state, disk.optimizer_state
+    assert oa["state"].keys() == ob["state"].keys()
+    assert all(torch.equal(oa["state"][k][n], ob["state"][k][n]) for k in oa["state"] for n in oa["state"][k])
+
+
+def test_save_every_is_checked_at_start(tmp_path):
+    """A negative save_every, or save_every > 1 with a served policy (synced from each checkpoint on disk),
+    is refused before anything is built."""
+    from atomcli.context import Context
+    from atomcli.errors import InputError
+    served = {"model": "openai:http://127.0.0.1:9/v1#m", "policy_sync": "sglang-disk"}
+    for extra, message in (({"save_every": -1}, "save_every must be >= 0"),
+                           ({**served, "save_every": 2}, "save_every must be 1")):
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(run_all.to_toml({"run-all": extra}))
+        settings = run_all.prepare(tmp_path / "run", True, True, str(cfg), Context(quiet=True), build=False)
+        with pytest.raises(InputError, match=message):
+            run_all.Run(tmp_path / "run", settings, Context(quiet=True))
+    settings["run-all"]["save_every"] = 1
+    assert run_all.Run(tmp_path / "run", settings, Context(quiet=True)).save_every == 1
+    assert not (tmp_path / "run").exists()

@@ -30,6 +30,11 @@ run; accelerate 1.15 enables FSDP and DeepSpeed only on GPU launches (on CPU it 
 says so; the FSDP2 path is tested on CPU only with accelerate's state forced by the test), DeepSpeed
 has never run, nothing has run on a GPU, and LoRA under FSDP is refused: see atomcli.train.accel.
 
+In run-all the policy comes from memory rather than from the `--model` folder when the context's
+resident policy stands for it (atomcli.train.resident): the module, AdamW state and atom_state are
+the ones that folder holds or would hold, the update continues them in place, and a separately
+loaded reference is kept there for the next step.
+
 `--old-logprobs recompute` replaces the table's sampling log-probs by the policy's own before
 this update (one no-grad forward pass, as TRL does when it does not keep the sampler's): for
 rollouts from a server that returned text only (their `old_logprobs` are NaN), or to ignore
@@ -206,7 +211,13 @@ def run(table, config: GRPOConfig, context):
     device = accelerator.device
     torch.manual_seed(config.seed)
 
-    policy = _load_policy(config, checkpoint.read_state(config.model), context, device, context.log)
+    # run-all's resident policy stands for config.model: continue it in memory (atomcli.train.resident)
+    resident = context.resident if context.resident is not None and context.resident.stands_for(config.model) else None
+    if resident is not None and world.size > 1:
+        raise InputError("run-all's in-memory policy trains in one process",
+                         hint="launch the stages one by one under accelerate launch (docs/SCALE.md)")
+    policy = (_resident_policy(config, resident) if resident is not None
+              else _load_policy(config, checkpoint.read_state(config.model), context, device, context.log))
     model, tok = policy.model, policy.tokenizer
     _check_tokens(table, batch, model, tok, context.log, config.temperature)
 
@@ -240,12 +251,19 @@ def run(table, config: GRPOConfig, context):
             elif policy.ref == policy.start and policy.step == 1:
                 fill_ref_logprobs(scorer, mbs, loss, on_micro_batch=tick)  # first step: the policy *is* the reference
             else:
-                ref_model, _ = models.load(policy.ref, context, trust_remote_code=config.trust_remote_code,
-                                           device=_device_name(device))
-                ref_model.eval()
+                def load_ref(where: str | None):
+                    ref_model, _ = models.load(policy.ref, context, trust_remote_code=config.trust_remote_code,
+                                               device=where)
+                    return ref_model.eval()
+                # a lone call frees the reference before the backward passes need the memory; run-all keeps
+                # it with its resident policy, in host memory between the reference passes (exact copies)
+                ref_model = (resident.reference(policy.ref, lambda: load_ref(None)).to(device) if resident is not None
+                             else load_ref(_device_name(device)))
                 fill_ref_logprobs(accel.policy_scorer(ref_model), mbs, loss, context=accelerator.autocast(),
                                   on_micro_batch=tick)
-                del ref_model  # freed before the backward passes need the memory
+                if resident is not None:
+                    ref_model.to("cpu")
+                del ref_model
         ref_seconds = time.perf_counter() - t0
 
         updates = []
@@ -319,6 +337,28 @@ class Policy:
     updates_before: int
 
 
+def _resident_policy(config: GRPOConfig, resident) -> Policy:
+    """The policy from run-all's memory: what _load_policy would read from the folder it stands for."""
+    state = resident.state
+    if bool(state.get("lora")) != config.lora:
+        raise InputError("the in-memory policy was trained with another --lora setting")
+    start = resident.spec
+    lora_base = state.get("lora_base") if config.lora else None
+    return Policy(resident.model, resident.tokenizer, resident.optimizer_state, start,
+                  _ref(config, state, start, lora_base, continuing=True), config.lora and not config.ref,
+                  lora_base, int(state.get("step", 0)) + 1, int(state.get("updates", 0)))
+
+
+def _ref(config: GRPOConfig, state: dict, start: str, lora_base: str | None, continuing: bool) -> str:
+    """The run's KL reference: --ref, else the LoRA base, else the one the checkpoint names, else `start`."""
+    from atomcli import checkpoint
+    if config.ref:
+        return checkpoint.spec_id(config.ref)
+    if config.lora:
+        return lora_base
+    return state.get("ref") if continuing and state.get("ref") else start
+
+
 def _load_policy(config: GRPOConfig, state: dict, context, device, log) -> Policy:
     from atomcli import checkpoint, models
     start = checkpoint.spec_id(config.model)
@@ -346,12 +386,7 @@ def _load_policy(config: GRPOConfig, state: dict, context, device, log) -> Polic
     opt_state = checkpoint.read_optimizer_state(config.model) if same_kind else None
     if continuing and opt_state is None:
         log("[yellow]note:[/] no matching optimizer state in the checkpoint; AdamW starts fresh")
-    if config.ref:
-        ref = checkpoint.spec_id(config.ref)
-    elif config.lora:
-        ref = lora_base
-    else:
-        ref = state.get("ref") if continuing and state.get("ref") else start
+    ref = _ref(config, state, start, lora_base, continuing)
     return Policy(model, tok, opt_state, start, ref, config.lora and not config.ref, lora_base,
                   int(state.get("step", 0)) + 1 if continuing else 1,
                   int(state.get("updates", 0)) if continuing else 0)

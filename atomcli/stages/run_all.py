@@ -16,8 +16,14 @@ Layout of RUN_DIR:
     eval/{base,sft,step-0003}.{parquet,json}
     metrics.jsonl, evals.jsonl, plots/*.png, summary.md, config.json, atom_run.json (the marker)
 
-Resume: every output is written atomically, so a file that exists is complete; a step is
-complete when its checkpoint exists. `--resume` skips what exists and redoes the rest; it
+Resident loop: the policy, its AdamW state and the KL reference stay in memory from step to step
+(atomcli.train.resident, handed to the stages on the context); the step tables are written every
+step, the checkpoint steps/NNNN/ckpt/ every `save_every` steps and at the last.
+
+Resume: every output is written atomically, so a file that exists is complete. `--resume` restarts
+from the last step whose checkpoint was saved: the step after it keeps its tables (they were made by
+the saved policy), later steps are removed and redone (at most save_every - 1 updates), and the
+final weights equal an uninterrupted run's. Evals and SFT that exist are not redone. `--resume`
 continues only a folder run-all made (atom_run.json) and only with the settings in its
 config.json (a changed setting is refused, naming it). Every setting is checked before the
 demo world is built or anything is written.
@@ -68,6 +74,10 @@ class RunAllConfig:
     dynamic_sampling: int = opt(0, "DAPO's dynamic sampling: up to N extra rounds per step, each rolling out "
                                    "questions_per_step more questions; groups whose advantages are all 0 are "
                                    "dropped until the step has questions_per_step groups with signal (0 = off)")
+    save_every: int = opt(0, "write the step's checkpoint (weights + optimizer.pt) every K steps and at the last; "
+                             "between saves the policy, AdamW state and reference stay in memory, and --resume "
+                             "redoes the steps after the last saved one (0 = the preset's: 1 on the CPU presets; "
+                             "examples/gpu-7b.toml: 10 with an in-process policy)")
     seed: int = opt(0, "seed for every stage")
 
 
@@ -242,6 +252,12 @@ class Run:
         # a served policy follows the trainer (or the run is refused now, before anything is written)
         self.follow = policy_sync.Follower.for_run(self.cfg.model, self.cfg.policy_sync, lora=self.grpo.lora,
                                                    sft=bool(self.cfg.sft_data), context=context)
+        if self.cfg.save_every < 0:
+            raise InputError("[run-all] save_every must be >= 0", hint="0 = the preset's default (every step)")
+        self.save_every = self.cfg.save_every or 1
+        if self.follow is not None and self.save_every > 1:
+            raise InputError("a served policy is synced from each step's checkpoint on disk: save_every must be 1",
+                             hint="drop [run-all] save_every, or train an in-process policy (a local model)")
         self.first_eval: tuple[str, dict] | None = None  # what every later eval is compared with
         self.first_transfer: tuple[str, dict] | None = None
         self.t0 = time.time()
@@ -286,6 +302,30 @@ class Run:
         self.log(f"{stage} ({cfg.model}) -> {out.relative_to(self.out)}")
         envelope.table_to_checkpoint(stage, mod, cfg, str(inp), str(out), self.ctx)
         self.ctx.forget_models()
+
+    def grpo_stage(self, t: int, cfg, inp: Path, out: Path) -> dict:
+        """grpo-step on the resident policy (atomcli.train.resident): it continues in memory, and its
+        checkpoint is written every `save_every` steps and at the last. Returns the update's metrics
+        (as metrics.json holds them); a saved checkpoint is not redone."""
+        from atomcli import checkpoint, envelope, schema
+        from atomcli.stages import grpo_step
+        from atomcli.train.resident import ResidentPolicy
+        if (out / "config.json").exists():
+            return json.loads((out / checkpoint.METRICS_FILE).read_text())
+        save = (t + 1) % self.save_every == 0 or t + 1 == self.cfg.steps
+        self.log(f"grpo-step ({cfg.model}) -> {out.relative_to(self.out)}{'' if save else ' (in memory)'}")
+        result = envelope.train_from_table("grpo-step", grpo_step, cfg, str(inp), str(out), self.ctx)
+        resident = self.ctx.resident if self.ctx.resident is not None and self.ctx.resident.stands_for(cfg.model) \
+            else None
+        # the parent's atom_state: the in-memory one when the policy came from memory (it may not be saved)
+        state = checkpoint.make_state(result, stage="grpo-step", config=cfg,
+                                      parent=resident.state if resident is not None else None)
+        if save:
+            checkpoint.save(result, str(out), stage="grpo-step", config=cfg, context=self.ctx, state=state)
+        self.ctx.resident = (resident.successor(str(out), result, state) if resident is not None
+                             else ResidentPolicy.first(str(out), result, state))
+        self.ctx.forget_models()  # models loaded from disk (the SFT checkpoint's sampler) are not needed again
+        return json.loads(json.dumps(schema._jsonable(result.metrics)))
 
     def evaluate(self, name: str, model: str, *, transfer: bool = False) -> dict:
         """Greedy rollout of the test questions, then scores; cached as eval/<name>.json.
@@ -378,7 +418,7 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
 def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: bool, context,
          preset: str = "demo") -> None:
     from atomcli import tableio
-    from atomcli.stages import grpo_step, sft
+    from atomcli.stages import sft
     from atomcli import safety
     run_dir = Path(out)
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:
@@ -431,10 +471,13 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
         run.evaluate_transfer("sft", model)
     start = model
 
+    # the policy stays in memory from step to step (Context.resident); checkpoints are written every
+    # save_every steps, so a resumed run restarts from the last saved one and redoes the steps after it
+    last = _resume_point(run)
     for t in range(cfg.steps):
         d = run.step_dir(t)
         ckpt = d / "ckpt"
-        if not (d / "metrics.json").exists():
+        if t + 1 > last or (t + 1 == last and not (d / "metrics.json").exists()):
             run.log(f"[bold]step {t + 1}/{cfg.steps}[/]{_eta(run, t, cfg.steps)}")
             q = cfg.questions_per_step
             picks = list(dict.fromkeys(plan[t]))  # a small pool can wrap: never one question twice a step
@@ -442,15 +485,19 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
             batch, counts = first, None
             if cfg.dynamic_sampling:
                 batch, counts = _dynamic_batch(run, t, d, model, train, picks, first)
-            run.train_stage("grpo-step", grpo_step,
-                            dataclasses.replace(run.grpo, model=model, ref=run.grpo.ref or start),
-                            batch, ckpt)
+            ckpt_metrics = run.grpo_stage(t, dataclasses.replace(run.grpo, model=model, ref=run.grpo.ref or start),
+                                          batch, ckpt)
             # diagnostics of the first round: what the policy did on the step's questions, comparable
             # with runs without dynamic sampling (the kept groups alone would hide the flat ones)
-            _log_metrics(run, t, d, first, counts)
+            _log_metrics(run, t, d, first, counts, ckpt_metrics)
         model = str(ckpt)
         if cfg.eval_every and (t + 1) % cfg.eval_every == 0 and t + 1 < cfg.steps:
-            run.evaluate(f"step-{t + 1:04d}", model)
+            name = f"step-{t + 1:04d}"
+            lost = not (ckpt / "config.json").exists() and not (run_dir / "eval" / f"{name}.json").exists()
+            if t + 1 < last and lost:
+                run.log(f"[yellow]note:[/] eval {name} is missing and its checkpoint was not saved: skipped")
+            else:
+                run.evaluate(name, model)  # between saves: the in-memory policy
     if cfg.steps:
         run.evaluate(f"step-{cfg.steps:04d}", model)
         run.evaluate_transfer(f"step-{cfg.steps:04d}", model)
@@ -458,6 +505,26 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
     from atomcli.stages import run_report
     run_report.write(run_dir, context)
     run.log(f"[green]done[/]: {run_dir}/summary.md")
+
+
+def _resume_point(run: Run) -> int:
+    """The last step (1-based) whose checkpoint is saved (0: none). The steps after it are redone: the
+    next one keeps its tables (made by the saved policy) but not its metrics; later ones go whole, their
+    tables were made by policies that were only in memory."""
+    import shutil
+    steps = run.out / "steps"
+    if not steps.is_dir():
+        return 0
+    done = [int(p.parent.parent.name) for p in steps.glob("[0-9][0-9][0-9][0-9]/ckpt/config.json")]
+    last = max([n for n in done if n <= run.cfg.steps], default=0)
+    for p in sorted(steps.glob("[0-9][0-9][0-9][0-9]")):
+        n = int(p.name)
+        if n == last + 1:
+            (p / "metrics.json").unlink(missing_ok=True)
+        elif n > last + 1:
+            run.log(f"resume: redoing step {n} (its checkpoint was not saved)")
+            shutil.rmtree(p)
+    return last
 
 
 def _sample_round(run: Run, t: int, folder: Path, model: str, questions) -> Path:
@@ -574,14 +641,14 @@ def _eta(run: Run, t: int, steps: int) -> str:
     return f"  (ETA {sum(done) / len(done) * (steps - t) / 60:.1f} min + final eval)"
 
 
-def _log_metrics(run: Run, t: int, d: Path, batch: Path, counts: tuple[int, int] | None = None) -> None:
-    """One line of metrics.jsonl per step, from the step's (first) rewarded table and the checkpoint
-    (`counts`: groups rolled out and kept, with dynamic sampling)."""
+def _log_metrics(run: Run, t: int, d: Path, batch: Path, counts: tuple[int, int] | None = None,
+                 ckpt_metrics: dict | None = None) -> None:
+    """One line of metrics.jsonl per step, from the step's (first) rewarded table and the update's
+    metrics (`counts`: groups rolled out and kept, with dynamic sampling)."""
     from atomcli import tableio
     from atomcli.stages import step_metrics as sm
     rewarded = run.read(batch).to_pydict()
-    mfile = d / "ckpt" / "metrics.json"
-    ckpt_metrics = json.loads(mfile.read_text()) if mfile.exists() else {}
+    ckpt_metrics = ckpt_metrics or {}
     line = sm.step_line(t + 1, rewarded, ckpt_metrics)
     if counts is not None:
         line[sm.SAMPLED_GROUPS], line[sm.KEPT_GROUPS] = counts
