@@ -29,7 +29,7 @@ from pathlib import Path
 
 from atomcli.demo import research_expert as rx
 
-from atomcli.demo.world import SFT_K  # results per query: the demo world's expert's
+from atomcli.demo import world
 MAX_SEARCHES = 4
 # Names a passage can bridge through: C functions and constants, SQL functions.
 IDENT_RE = re.compile(r"\b(?:sqlite3_\w+(?:\(\))?|SQLITE_[A-Z0-9_]+|[a-z_]+\(\))")
@@ -39,31 +39,16 @@ def trajectories(name: str, *, seed: int = 0, context=None) -> tuple[list[dict],
     """(rows for the train questions the expert solved, how many it dropped)."""
     from atomcli.context import Context
     from atomcli.demo import real_docs
-    from atomcli.env.tools import ToolBox
-    from atomcli.rewards import metrics
 
     ctx = context or Context(quiet=True)
     corpus, questions = real_docs.load(name)
     train = [q for q in questions if q["split"] == "train"]  # never the test split
-    rows, dropped = [], 0
     with tempfile.TemporaryDirectory(prefix="atom-real-sft-") as d:
         out = Path(d) / name
         real_docs.build(name, out)
-        spec = "local:" + str(out / "index.sqlite")
-        toolbox = ToolBox(spec, ctx, k=SFT_K)
-        try:
-            expert = RealExpert(toolbox, corpus, seed)
-            for q in train:
-                row = expert.solve(q)
-                if row and row["format_ok"] and metrics.f1(row["answer"], q["golden_answers"]) == 1.0:
-                    rows.append(row)
-                else:
-                    dropped += 1
-        finally:
-            toolbox.close()
-            toolbox.backend.close()
-            ctx.forget(("search", spec, ()))  # the index is about to be deleted
-    return rows, dropped
+        return world.expert_trajectories("local:" + str(out / "index.sqlite"), ctx,
+                                         lambda tools: RealExpert(tools, corpus, seed), train,
+                                         lambda q: q["golden_answers"])
 
 
 class RealExpert:

@@ -302,21 +302,6 @@ class ResearchExpert:
 
 # --- the folder -------------------------------------------------------------------------------------
 
-def solve_all(toolbox, world, spans, seed: int, questions: list, limit: int) -> tuple[list[dict], int]:
-    """Up to `limit` accepted rows (format ok, F1 1, answer seen in an observation) and how many were dropped."""
-    from atomcli.rewards import metrics
-    expert, rows, dropped = ResearchExpert(toolbox, world, spans, seed), [], 0
-    for q in questions:
-        if len(rows) >= limit:
-            break
-        row = expert.solve(q)
-        if row and row["format_ok"] and metrics.f1(row["answer"], q.golden_answers) == 1.0:
-            rows.append(row)
-        else:
-            dropped += 1
-    return rows, dropped
-
-
 def main(out: str, *, seed: int, articles: int, train: int, test: int, sft: int, real: str = "sqlite",
          context=None) -> dict:
     """Write the research-style world into `out` (replaced atomically); return a summary."""
@@ -324,7 +309,6 @@ def main(out: str, *, seed: int, articles: int, train: int, test: int, sft: int,
     from atomcli.context import Context
     from atomcli.demo import real_sft
     from atomcli.env import search_local
-    from atomcli.env.tools import ToolBox
 
     ctx = context or Context(quiet=True)
     dw.check_sizes(articles, train, test, sft)
@@ -339,14 +323,9 @@ def main(out: str, *, seed: int, articles: int, train: int, test: int, sft: int,
         (tmp / "test.jsonl").write_bytes(dw._jsonl([q.row() for q in test_q]))
         index = str(tmp / "index.sqlite")
         search_local.build_index(str(tmp / "corpus.jsonl"), index)
-        spec = "local:" + index
-        toolbox = ToolBox(spec, ctx, k=dw.SFT_K)
-        try:
-            demo_rows, dropped = solve_all(toolbox, world, spans, seed, train_q, sft)
-        finally:
-            toolbox.close()
-            toolbox.backend.close()
-            ctx.forget(("search", spec, ()))  # its path is a temporary folder about to be renamed
+        demo_rows, dropped = dw.expert_trajectories("local:" + index, ctx,
+                                                    lambda tools: ResearchExpert(tools, world, spans, seed),
+                                                    train_q, lambda q: q.golden_answers, limit=sft)
         real_rows, real_dropped = real_sft.trajectories(real, seed=seed, context=ctx) if real else ([], 0)
         rows = demo_rows + real_rows
         random.Random(f"research-mix:{seed}").shuffle(rows)  # SFT batches see both kinds of question

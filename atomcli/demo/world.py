@@ -657,6 +657,32 @@ def check_sizes(articles: int, train: int, test: int, sft: int) -> None:
         raise InputError(f"--sft {sft} exceeds --train {train}", hint="SFT questions come from the train split only")
 
 
+def expert_trajectories(spec: str, ctx, make_expert, questions, golden, limit: int | None = None):
+    """SFT rows an expert writes with the real tools over the index `spec`: up to `limit` rows that are
+    well formed and answer exactly (F1 1), and how many were dropped. `make_expert(toolbox)` builds the
+    expert, `golden(question)` gives its golden answers. The ToolBox is closed and its cached search
+    forgotten afterwards: the index lives in a folder about to be renamed or deleted."""
+    from atomcli.env.tools import ToolBox
+    from atomcli.rewards import metrics
+    rows, dropped = [], 0
+    toolbox = ToolBox(spec, ctx, k=SFT_K)
+    try:
+        expert = make_expert(toolbox)
+        for q in questions:
+            if limit is not None and len(rows) >= limit:
+                break
+            row = expert.solve(q)
+            if row and row["format_ok"] and metrics.f1(row["answer"], golden(q)) == 1.0:
+                rows.append(row)
+            else:
+                dropped += 1
+    finally:
+        toolbox.close()
+        toolbox.backend.close()
+        ctx.forget(("search", spec, ()))
+    return rows, dropped
+
+
 def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, test: int = 100, sft: int = 200,
          style: str = "classic", context=None) -> dict:
     """Write the demo world into the folder `out` (replaced atomically); return a summary.
@@ -666,8 +692,6 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
     from atomcli import tableio
     from atomcli.context import Context
     from atomcli.env import search_local
-    from atomcli.env.tools import ToolBox
-    from atomcli.rewards import metrics
 
     if style not in STYLES:
         raise unknown_choice("demo-world style", style, STYLES)
@@ -690,22 +714,8 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
         index = str(tmp / "index.sqlite")
         search_local.build_index(str(tmp / "corpus.jsonl"), index)
         spec = "local:" + index
-        rows, dropped = [], 0
-        toolbox = ToolBox(spec, ctx, k=SFT_K)
-        try:
-            expert = Expert(toolbox, world, seed)
-            for q in train_q:
-                if len(rows) >= sft:
-                    break
-                row = expert.solve(q)
-                if row["format_ok"] and metrics.f1(row["answer"], q.golden_answers) == 1.0:
-                    rows.append(row)
-                else:
-                    dropped += 1
-        finally:
-            toolbox.close()
-            toolbox.backend.close()
-            ctx.forget(("search", spec, ()))  # its path is a temporary folder about to be renamed
+        rows, dropped = expert_trajectories(spec, ctx, lambda tools: Expert(tools, world, seed), train_q,
+                                            lambda q: q.golden_answers, limit=sft)
         (tmp / "sft.parquet").write_bytes(tableio.table_bytes(sft_table(rows, config), "parquet"))
     hops = {f"demo_{h}hop": sum(q.data_source == f"demo_{h}hop" for q in train_q + test_q) for h in (1, 2, 3, 4)}
     ctx.log(f"[green]wrote[/] {out}: {len(docs):,} articles, {len(train_q)} train / {len(test_q)} test questions "
