@@ -41,6 +41,19 @@ def _same_weights(a: Path, b: Path) -> bool:
     return wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
 
 
+def _kill9_when(args: list, target: Path) -> None:
+    """Start `atom ARGS`, and kill -9 it the moment `target` exists (it must still be running then)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "atomcli", *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not target.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "run-all finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("runall") / "run"
@@ -116,16 +129,7 @@ def test_piped_chain_equals_run_all(quick_run, tmp_path):
 
 def test_kill_then_resume_matches_uninterrupted(quick_run, tmp_path):
     out = tmp_path / "run"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "atomcli", "run-all", "--demo", "--quick", "--out", str(out)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    target = out / "steps" / "0001" / "rollouts.parquet"
-    deadline = time.time() + 600
-    while not target.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "run-all finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    _kill9_when(["run-all", "--demo", "--quick", "--out", out], out / "steps" / "0001" / "rollouts.parquet")
     assert not (out / "steps" / "0002" / "ckpt").exists()
 
     atom("run-all", "--demo", "--quick", "--out", out, "--resume", check=True, timeout=900)
@@ -327,17 +331,9 @@ def test_save_every_thins_checkpoints_and_resume_redoes_the_unsaved_steps(moving
     cfg = tmp_path / "k2.toml"
     cfg.write_text(MOVING.replace("[run-all]\n", "[run-all]\nsave_every = 2\n"))
     out = tmp_path / "run"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "atomcli", "run-all", "--demo", "--quick", "--config", str(cfg),
-                             "--out", str(out)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    target = out / "steps" / "0002" / "questions.parquet"  # step 1 done (tables, metrics, eval), step 2 begun
-    deadline = time.time() + 600
-    while not target.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "run-all finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    # step 1 done (tables, metrics, eval), step 2 begun
+    _kill9_when(["run-all", "--demo", "--quick", "--config", cfg, "--out", out],
+                out / "steps" / "0002" / "questions.parquet")
     step1 = out / "steps" / "0001"
     assert (step1 / "metrics.json").exists() and (out / "eval" / "step-0001.json").exists()
     assert not (step1 / "ckpt").exists() and not (out / "steps" / "0002" / "ckpt").exists()

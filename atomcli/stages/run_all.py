@@ -641,13 +641,13 @@ def _eta(run: Run, t: int, steps: int) -> str:
     return f"  (ETA {sum(done) / len(done) * (steps - t) / 60:.1f} min + final eval)"
 
 
-def _log_metrics(run: Run, t: int, d: Path, batch: Path, counts: tuple[int, int] | None = None,
+def _log_metrics(run: Run, t: int, d: Path, first: Path, counts: tuple[int, int] | None = None,
                  ckpt_metrics: dict | None = None) -> None:
     """One line of metrics.jsonl per step, from the step's (first) rewarded table and the update's
     metrics (`counts`: groups rolled out and kept, with dynamic sampling)."""
     from atomcli import tableio
     from atomcli.stages import step_metrics as sm
-    rewarded = run.read(batch).to_pydict()
+    rewarded = run.read(first).to_pydict()
     ckpt_metrics = ckpt_metrics or {}
     line = sm.step_line(t + 1, rewarded, ckpt_metrics)
     if counts is not None:
