@@ -235,6 +235,10 @@ def test_loss_matches_hand_computation(tiny_model, tmp_path, tok, agg):
     assert res.metrics["clip_low"] == pytest.approx(clip_low / n_tok)
     assert res.metrics["clip_high"] == pytest.approx(clip_high / n_tok)
     assert res.metrics["kl"] > 0
+    # the diagnostics are plain means over the sampled tokens, whatever the loss aggregation
+    assert res.metrics["entropy"] == pytest.approx(torch.cat([r[1] for r in rows]).mean().item(), rel=1e-4)
+    k3 = torch.cat([torch.exp(r[2] - r[0]) - (r[2] - r[0]) - 1 for r in rows])
+    assert res.metrics["kl"] == pytest.approx(k3.mean().item(), rel=1e-3, abs=1e-6)
 
 
 class CaptureGrads:
@@ -416,6 +420,19 @@ def test_skipping_zero_advantage_rows_gives_the_full_update(tiny_model, tmp_path
     # with a KL term the zero rows carry gradient: nothing may be skipped
     kl = grpo_step.run(table, cfg(tiny_model, loss_agg=agg, beta=0.1), quiet())
     assert kl.metrics["skipped_zero_advantage"] == 0
+    # no reference with beta = 0: KL not measured; with beta > 0 it is measured (0 here: the reference is
+    # the starting checkpoint, and this is its first update)
+    assert fast.metrics["kl"] is None and kl.metrics["kl"] == 0.0
+
+    # entropy is measured on the rows forwarded, not diluted by the skipped ones: it equals the
+    # entropy of a table holding only the two live rows (the first update's forward is the same model)
+    live = table.take([0, 2])
+    only_live = grpo_step.run(live, cfg(tiny_model, loss_agg=agg), quiet())
+    assert fast.metrics["entropy"] == pytest.approx(only_live.metrics["entropy"], rel=1e-5)
+    # the tiny random model is near uniform (entropy ~ log vocab on every row): a mean diluted by the
+    # skipped rows' share of the tokens (~2/3 here) would be far below the full pass's
+    assert fast.metrics["trained_tokens"] < 0.5 * full.metrics["trained_tokens"]
+    assert fast.metrics["entropy"] == pytest.approx(full.metrics["entropy"], rel=0.01)
 
 
 def test_all_zero_advantages_still_step_adamw_like_the_full_update(tiny_model, tmp_path, tok):
@@ -426,6 +443,11 @@ def test_all_zero_advantages_still_step_adamw_like_the_full_update(tiny_model, t
     full = grpo_step.run(dead, cfg(tmp_path / "c1", skip_zero_advantage=False), quiet())
     fast = grpo_step.run(dead, cfg(tmp_path / "c1"), quiet())
     assert fast.metrics["skipped_zero_advantage"] == 3 and fast.metrics["trained_tokens"] == 0
+    # nothing forwarded: entropy and clip fractions are not measurements (null, not 0); the gradient
+    # really is 0 (every advantage 0, beta 0), so the loss and grad norm are exact zeros
+    for key in ("entropy", "clip_low", "clip_high", "ratio", "kl"):
+        assert fast.metrics[key] is None, key
+    assert full.metrics["entropy"] > 0 and fast.metrics["grad_norm"] == 0 and fast.metrics["loss"] == 0
     # AdamW's momentum moves the weights even with a zero gradient; the skip must not change that
     assert _max_diff(weights(fast.model), weights(first.model)) > 1e-5
     assert _max_diff(weights(fast.model), weights(full.model)) < 1e-6

@@ -452,7 +452,7 @@ def _summary(context, m: dict) -> None:
         if key:
             val = fmt(m.get(key))
         elif label.startswith("clip"):
-            val = f"{m['clip_low']:.3f} / {m['clip_high']:.3f}"
+            val = f"{fmt(m.get('clip_low'))} / {fmt(m.get('clip_high'))}"
         elif label.startswith("reward"):
             val = f"{fmt(m.get('reward_mean'))} / {fmt(m.get('reward_std'))}"
         else:

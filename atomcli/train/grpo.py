@@ -205,8 +205,12 @@ def grpo_update(model, optimizer, mbs: list[MicroBatch], config: LossSettings, a
     m = dict(zip(STAT_NAMES, stats.tolist()))
     tokens = accel.all_sum(accelerator, torch.tensor([sum(mb.n_input_tokens for mb in mbs)],
                                                      dtype=torch.float64)).item()
-    for k in ("clip_low", "clip_high", "ratio"):
-        m[k] /= max(m["tokens"], 1)  # plain fractions / means over sampled tokens
+    # plain fractions / means over the sampled tokens forwarded; none forwarded (every row skipped) is no
+    # measurement, so null rather than 0; KL is only computed against a reference (beta > 0)
+    for k in ("kl", "entropy", "clip_low", "clip_high", "ratio"):
+        m[k] = m[k] / m["tokens"] if m["tokens"] > 0 else None
+    if config.beta <= 0:
+        m["kl"] = None
     m.update(grad_norm=grad_norm, skipped=skipped, seconds=seconds, input_tokens=int(tokens),
              trained_tokens=int(m.pop("tokens")), tokens_per_s=tokens / seconds if seconds > 0 else None)
     return m
@@ -235,8 +239,10 @@ def grpo_token_loss(logp, ent, mb: MicroBatch, config: LossSettings):
         w = mb.weight * mb.loss_mask
         low = ((ratio < 1 - config.clip_eps) & (mb.adv < 0) & on).sum()
         high = ((ratio > 1 + config.clip_eps_high) & (mb.adv > 0) & on).sum()
-        parts = [loss, (pg * w).sum(), (kl_tok * w).sum(), (ent * w).sum(), low, high, (ratio * mb.loss_mask).sum(),
-                 mb.loss_mask.sum()]
+        # KL and entropy are diagnostics: plain means over the sampled tokens this update forwarded,
+        # so that skipped zero-advantage rows (which are in the loss weights' denominator) do not dilute them
+        parts = [loss, (pg * w).sum(), (kl_tok * mb.loss_mask).sum(), (ent * mb.loss_mask).sum(), low, high,
+                 (ratio * mb.loss_mask).sum(), mb.loss_mask.sum()]
     return loss, [p.detach().double() for p in parts]
 
 
