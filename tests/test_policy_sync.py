@@ -144,6 +144,29 @@ def test_lora_vllm_loads_a_new_adapter_per_version_and_rollouts_use_it(tmp_path,
         policy_sync.make("lora-vllm", spec(server)).sync(a, "step0001-abc")
 
 
+def test_a_resumed_run_unloads_the_adapters_its_killed_process_left_loaded(tmp_path):
+    a, b = make_ckpt(tmp_path, "a", step=1, adapter=True), make_ckpt(tmp_path, "b", step=2, adapter=True)
+    run = tmp_path / "run"
+    run.mkdir()
+    with FakeOpenAI(model_name="base", strict_models=True) as server:
+        # another run shares the server: its adapter is not ours to unload
+        policy_sync.make("lora-vllm", spec(server)).sync(b, "other-run")
+        first = policy_sync.make("lora-vllm", spec(server), state_dir=run)
+        first.sync(a, "step0001-aaa")  # then the process is killed: nothing unloads policy-step0001-aaa
+        assert json.loads((run / policy_sync.LEDGER).read_text()) == {"loaded_adapters": ["policy-step0001-aaa"]}
+        resumed = policy_sync.make("lora-vllm", spec(server), state_dir=run)
+        resumed.sync(b, "step0002-bbb")
+        assert sorted(server.adapters) == ["policy-other-run", "policy-step0002-bbb"]
+        assert json.loads((run / policy_sync.LEDGER).read_text()) == {"loaded_adapters": ["policy-step0002-bbb"]}
+        # without the ledger (the old behaviour) the killed process's adapter would have stayed
+        policy_sync.make("lora-vllm", spec(server)).sync(a, "step0003-ccc")
+        assert "policy-step0002-bbb" in server.adapters
+        # an adapter the server no longer has (it restarted) is dropped from the ledger, not retried forever
+        (run / policy_sync.LEDGER).write_text(json.dumps({"loaded_adapters": ["policy-gone"]}))
+        policy_sync.make("lora-vllm", spec(server), state_dir=run).sync(a, "step0004-ddd")
+        assert json.loads((run / policy_sync.LEDGER).read_text()) == {"loaded_adapters": ["policy-step0004-ddd"]}
+
+
 def test_a_stale_server_is_refused_by_the_rollout(tmp_path, tiny_model, tok):
     a = make_ckpt(tmp_path, "a")
     ctx = Context(quiet=True)

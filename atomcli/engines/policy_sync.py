@@ -22,7 +22,9 @@ named source, not guessed):
   `LoadLoRAAdapterRequest` in vllm/entrypoints/openai/protocol.py. The server needs
   `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` and `--enable-lora --max-lora-rank R` (R >= `lora_r`).
   A new name per version, rather than reloading one name, means a request can never be answered by a
-  half-replaced adapter and the model name itself says which version answered.
+  half-replaced adapter and the model name itself says which version answered. run-all lists the
+  adapters it has loaded in `RUN/policy_sync.json`, so a resumed run unloads those its killed
+  process left behind (and never another run's).
 - `sglang-disk`: full weights from the checkpoint folder. `POST /update_weights_from_disk
   {"model_path", "weight_version"}` answers `{"success", "message", "num_paused_requests"}` (HTTP 400
   with success false on failure); `GET /model_info` (older releases: `/get_model_info`, now a
@@ -76,6 +78,7 @@ METHODS = ("lora-vllm", "sglang-disk", "vllm-reload")
 COMMAND_PREFIX = "command:"
 SERVED_MODEL_LINE = "served_model="
 ADAPTER_PREFIX = "policy-"
+LEDGER = "policy_sync.json"  # in the run folder: the LoRA adapters a run left loaded on its server
 # A 7B reload from disk takes seconds to a minute; a server that needs longer is stuck.
 SYNC_TIMEOUT = 600.0
 COMMAND_TIMEOUT = 3600.0
@@ -215,9 +218,13 @@ class LoraVLLM:
     HINT = ("start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora --max-lora-rank R, "
             "and train with [grpo-step] lora = true")
 
-    def __init__(self, server: Server, context=None):
+    def __init__(self, server: Server, context=None, ledger: Path | None = None):
         self.server, self.context = server, context
-        self.loaded: list[str] = []  # adapters this process loaded, oldest first
+        # adapters loaded and not yet unloaded, oldest first. With a ledger file (run-all's run folder)
+        # the list outlives the process, so a resumed run unloads what the killed one left on the server;
+        # only names from the ledger are unloaded, never another run's adapters on a shared server.
+        self.ledger = ledger
+        self.loaded: list[str] = _read_ledger(ledger)
 
     def sync(self, checkpoint: str, version: str) -> Served:
         from atomcli import checkpoint as ckpt
@@ -256,13 +263,42 @@ class LoraVLLM:
     def _unload_older(self, keep: str) -> None:
         if keep not in self.loaded:
             self.loaded.append(keep)
+            _write_ledger(self.ledger, self.loaded)
         for old in [n for n in self.loaded if n != keep]:
             try:
                 self.server.post(self.server.base_url + "/unload_lora_adapter", {"lora_name": old})
-                self.loaded.remove(old)
-            except (_Refused, PolicySyncError) as e:  # a leftover adapter costs memory, not correctness
-                if self.context is not None:
-                    self.context.log(f"[yellow]warning:[/] could not unload LoRA adapter {old}: {str(e)[:200]}")
+            except _Refused:
+                if old in self.server.models():  # still there: keep it listed, warn, try again next sync
+                    self._warn(old, "the server refused")
+                    continue
+                # not loaded (the server restarted, or the unload happened before a kill): nothing to do
+            except PolicySyncError as e:  # a leftover adapter costs memory, not correctness
+                self._warn(old, str(e))
+                continue
+            self.loaded.remove(old)
+            _write_ledger(self.ledger, self.loaded)
+
+    def _warn(self, name: str, why: str) -> None:
+        if self.context is not None:
+            self.context.log(f"[yellow]warning:[/] could not unload LoRA adapter {name}: {why[:200]}")
+
+
+def _read_ledger(path: Path | None) -> list[str]:
+    if path is None or not path.is_file():
+        return []
+    try:
+        names = json.loads(path.read_text()).get("loaded_adapters", [])
+    except (ValueError, AttributeError):
+        return []  # a torn or foreign file: forget it (the worst case is an adapter left loaded)
+    return [n for n in names if isinstance(n, str) and n.startswith(ADAPTER_PREFIX)]
+
+
+def _write_ledger(path: Path | None, names: list[str]) -> None:
+    if path is None:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"loaded_adapters": names}))
+    os.replace(tmp, path)  # atomic: a kill leaves the old list or the new one
 
 
 class SGLangDisk:
@@ -407,13 +443,16 @@ def _command_argv(spec: str) -> list[str]:
     return argv
 
 
-def make(spec: str, model_spec: str, context=None) -> SyncMethod:
-    """The sync method `spec` for the server of `model_spec` (`openai:BASE_URL#MODEL`)."""
+def make(spec: str, model_spec: str, context=None, state_dir: Path | None = None) -> SyncMethod:
+    """The sync method `spec` for the server of `model_spec` (`openai:BASE_URL#MODEL`).
+    state_dir: where a method keeps what must outlive the process (run-all's run folder)."""
     check_spec(spec)
     server = Server(model_spec)
     if spec.startswith(COMMAND_PREFIX):
         return Command(spec, server, context)
-    return {"lora-vllm": LoraVLLM, "sglang-disk": SGLangDisk, "vllm-reload": VLLMReload}[spec](server, context)
+    if spec == "lora-vllm":
+        return LoraVLLM(server, context, ledger=state_dir / LEDGER if state_dir is not None else None)
+    return {"sglang-disk": SGLangDisk, "vllm-reload": VLLMReload}[spec](server, context)
 
 
 # --- the rollout's check ---------------------------------------------------------------------------
@@ -455,16 +494,18 @@ class Follower:
     """Keeps a served policy in step with run-all's trainer: before each rollout the server is made to
     serve the checkpoint the rollout is for (`rollout_config`), once per checkpoint."""
 
-    def __init__(self, model_spec: str, sync: str, context):
+    def __init__(self, model_spec: str, sync: str, context, state_dir: Path | None = None):
         self.spec, self.sync_spec, self.context = model_spec, sync, context
-        self.method = make(sync, model_spec, context)
+        self.method = make(sync, model_spec, context, state_dir)
         self.base_url = Server(model_spec).base_url
         self.current: tuple[str, Served] | None = None  # (checkpoint, what the server serves for it)
         self.synced: list[tuple[str, Served]] = []  # every sync of this process, in order
 
     @classmethod
-    def for_run(cls, model: str, sync: str, *, lora: bool, sft: bool, context) -> Follower | None:
-        """run-all's follower, or None for an in-process policy; every setting is checked here, at start."""
+    def for_run(cls, model: str, sync: str, *, lora: bool, sft: bool, context,
+                state_dir: Path | None = None) -> Follower | None:
+        """run-all's follower, or None for an in-process policy; every setting is checked here, at start.
+        state_dir: the run folder (a resumed run finds there what the killed one left on the server)."""
         if not model.startswith("openai:"):
             if sync:
                 raise InputError(f"policy_sync `{sync}` applies only to a served policy",
@@ -483,7 +524,7 @@ class Follower:
             raise InputError("policy_sync lora-vllm cannot serve the SFT checkpoint (full weights)",
                              hint="serve the SFT model and start run-all from it without sft_data, or use "
                                   "sglang-disk / vllm-reload")
-        return cls(model, sync, context)
+        return cls(model, sync, context, state_dir)
 
     def rollout_config(self, cfg):
         """`cfg` (a RolloutConfig whose model is the local checkpoint to roll out) for the served policy:

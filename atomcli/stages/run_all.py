@@ -251,7 +251,8 @@ class Run:
         check_curriculum(self.cfg.curriculum)  # before SFT, not at step 1
         # a served policy follows the trainer (or the run is refused now, before anything is written)
         self.follow = policy_sync.Follower.for_run(self.cfg.model, self.cfg.policy_sync, lora=self.grpo.lora,
-                                                   sft=bool(self.cfg.sft_data), context=context)
+                                                   sft=bool(self.cfg.sft_data), context=context,
+                                                   state_dir=out)
         if self.cfg.save_every < 0:
             raise InputError("[run-all] save_every must be >= 0", hint="0 = the preset's default (every step)")
         self.save_every = self.cfg.save_every or 1
