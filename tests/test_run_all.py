@@ -427,3 +427,16 @@ def test_save_every_is_checked_at_start(tmp_path):
     settings["run-all"]["save_every"] = 1
     assert run_all.Run(tmp_path / "run", settings, Context(quiet=True)).save_every == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_the_gpu_example_is_a_run_that_follows_its_trainer(tmp_path):
+    """examples/gpu-7b.toml passes every start-of-run check (the same Run a real start builds, nothing
+    written, no server contacted) and describes a served policy that follows a LoRA trainer that fits one
+    GPU (docs/SCALE.md) through full merged weights on disk."""
+    from atomcli.context import Context
+    settings = run_all.prepare(tmp_path / "run", False, False, str(ROOT / "examples" / "gpu-7b.toml"),
+                               Context(quiet=True), build=False)
+    run = run_all.Run(tmp_path / "run", settings, Context(quiet=True))
+    assert run.follow is not None and run.follow.method.name == "sglang-disk"
+    assert run.grpo.lora and run.grpo.gradient_checkpointing and run.save_every == 1
+    assert not (tmp_path / "run").exists()
