@@ -111,6 +111,24 @@ def test_sft_lora_merges_into_a_plain_checkpoint(tiny_model, tok):
     assert not torch.allclose(names[q], dict(base.named_parameters())[q])
 
 
+def test_bf16_autocasts_the_matmuls_and_keeps_fp32_weights(tiny_model, tmp_path):
+    """--precision bf16 on a CPU: the loss still falls, the saved weights are fp32 and differ from an
+    fp32 run's (so bf16 really ran); an unknown precision is a one-line error listing the valid ones."""
+    table = pa.table({"messages": schema.array("messages", [messages(*f) for f in FACTS])})
+    cfg = dict(model=str(tiny_model), lr=1e-2, max_steps=4, batch_size=4, lr_scheduler="constant",
+               gradient_checkpointing=False)
+    bf = sft.run(table, sft.SFTConfig(**cfg, precision="bf16"), Context(quiet=True))
+    fp = sft.run(table, sft.SFTConfig(**cfg, precision="fp32"), Context(quiet=True))
+    assert bf.metrics["train_loss_last"] < bf.metrics["train_loss_first"] - 0.5
+    q = "model.layers.0.self_attn.q_proj.weight"
+    wb, wf = dict(bf.model.named_parameters())[q], dict(fp.model.named_parameters())[q]
+    assert wb.dtype == torch.float32 and not torch.equal(wb, wf)
+    data = tmp_path / "sft.jsonl"
+    tableio.write_table(table, str(data))
+    proc = atom("sft", data, "--model", tiny_model, "--out", tmp_path / "c", "--precision", "fp16")
+    assert proc.returncode == 2 and b"auto, bf16, fp32" in proc.stderr and not (tmp_path / "c").exists()
+
+
 def test_two_process_launch_matches_one_process(tiny_model, tmp_path):
     """torchrun with 2 ranks x batch 2 trains like one process with batch 4, and only rank 0 writes."""
     from safetensors.torch import load_file

@@ -45,6 +45,9 @@ class SFTConfig:
     max_length: int = opt(2048, "truncate sequences to this many tokens")
     min_reward: float = opt(float("-inf"), "keep only rows with reward >= this (rejection sampling)")
     gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, ~30% more time)")
+    precision: str = opt("auto", "mixed precision: bf16 or fp32 (auto: bf16 on a GPU that supports it, else fp32); "
+                                 "bf16 autocasts the matmuls and keeps fp32 master weights, and on a CPU with "
+                                 "AMX (bench/RESULTS.md) it is several times faster")
     lora: bool = opt(False, "train a LoRA adapter (peft) and merge it into the saved checkpoint")
     lora_r: int = opt(16, "LoRA rank")
     seed: int = opt(0, "random seed")
@@ -130,6 +133,10 @@ def _check_config(config: SFTConfig) -> None:
         raise InputError("--lr and --epochs must be > 0")
     if not 0 <= config.warmup_ratio < 1:
         raise InputError("--warmup-ratio must be in [0, 1)")
+    from atomcli.train.accel import PRECISIONS
+    if config.precision not in PRECISIONS:
+        from atomcli.errors import unknown_choice
+        raise unknown_choice("--precision", config.precision, PRECISIONS)
 
 
 def filter_by_reward(table, min_reward: float):
@@ -231,9 +238,12 @@ def _trainer(model, tok, examples: dict, config: SFTConfig):
     from trl import SFTConfig as TRLSFTConfig
     from trl import SFTTrainer
 
+    from atomcli.train import accel
+
     out_dir = tempfile.mkdtemp(prefix="atom-sft-")
     args = TRLSFTConfig(
-        output_dir=out_dir, completion_only_loss=True, use_cpu=not torch.cuda.is_available(), bf16=False,
+        output_dir=out_dir, completion_only_loss=True, use_cpu=not torch.cuda.is_available(),
+        bf16=accel.resolve_precision(config.precision) == "bf16",
         fp16=False, per_device_train_batch_size=config.batch_size, gradient_accumulation_steps=config.grad_accum,
         num_train_epochs=config.epochs, max_steps=config.max_steps or -1, learning_rate=config.lr,
         lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup_ratio,  # a float < 1 is a ratio

@@ -1,0 +1,124 @@
+"""bf16 against fp32 on this machine's CPU, side by side in one run: SFT steps, a GRPO update and
+greedy rollout decoding of the embedded SmolLM2, with the numeric drift bf16 brings.
+
+Why: the CPU here has AMX (`lscpu`: amx_bf16), where a bf16 matmul runs several times faster than
+an fp32 one; the learn preset's minutes are mostly matmuls (SFT, grpo-step) and decoding. bf16 here
+is autocast (fp32 master weights and AdamW state, bf16 matmuls), as `--precision bf16` does on a GPU.
+
+Each measurement is a fresh subprocess (its own torch threads and allocator), fp32 and bf16
+alternating, `--repeats` times each; reported: median seconds, the ratio bf16 / fp32 (< 1: bf16
+faster), and for GRPO the drift of the sampled tokens' log-probs (bf16 autocast vs fp32, mean and
+max |Δ log p|) that an importance ratio computed under bf16 carries.
+
+    .venv/bin/python bench/bench_precision.py --sft-data runs/learning/sft/world/sft.parquet \\
+        --rewarded runs/learning/fused/steps/0001/rewarded.parquet --model runs/learning/sft/sft
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child(kind: str, precision: str, args) -> dict:
+    """One measurement in this process."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import pyarrow.parquet as pq
+
+    from atomcli.context import Context
+    ctx = Context(quiet=True)
+    if kind == "sft":
+        from atomcli.stages import sft
+        table = pq.read_table(args.sft_data)
+        cfg = sft.SFTConfig(model="smollm2", max_steps=args.sft_steps, lr=3e-4, batch_size=4, max_length=2048,
+                            warmup_ratio=0.1, gradient_checkpointing=False, precision=precision)
+        res = sft.run(table, cfg, ctx)
+        return {"seconds": res.metrics["seconds"], "per_step": res.metrics["seconds_per_step"],
+                "loss_last": res.metrics["train_loss_last"]}
+    if kind == "grpo":
+        from atomcli.stages import grpo_step
+        table = pq.read_table(args.rewarded)
+        cfg = grpo_step.GRPOConfig(model=args.model, lr=2e-5, beta=0.0, micro_batch=4,
+                                   gradient_checkpointing=False, precision=precision,
+                                   skip_zero_advantage=False)
+        t0 = time.perf_counter()
+        res = grpo_step.run(table, cfg, ctx)
+        return {"seconds": time.perf_counter() - t0, "update_seconds": res.metrics["seconds"],
+                "tokens": res.metrics["input_tokens"], "loss": res.metrics["loss"],
+                "drift": logprob_drift(args.model, table) if precision == "bf16" else None}
+    raise SystemExit(f"unknown kind {kind}")
+
+
+def logprob_drift(model_dir: str, table, rows: int = 8) -> dict:
+    """|log p(bf16 autocast) - log p(fp32)| over the sampled tokens of the first `rows` rows."""
+    import torch
+
+    from atomcli import models
+    model, _ = models.load(model_dir)
+    model.eval()
+    diffs = []
+    for r in table.slice(0, rows).to_pylist():
+        ids = torch.tensor([r["prompt_ids"] + r["completion_ids"]])
+        n = len(r["prompt_ids"])
+        out = {}
+        for name, ctx in (("fp32", torch.autocast("cpu", enabled=False)),
+                          ("bf16", torch.autocast("cpu", dtype=torch.bfloat16))):
+            with torch.no_grad(), ctx:
+                logits = model(ids).logits[0, n - 1:-1].float()
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[0, n:, None])[:, 0]
+            out[name] = lp
+        mask = torch.tensor(r["loss_mask"], dtype=torch.bool)
+        diffs.append((out["bf16"] - out["fp32"])[mask].abs())
+    d = torch.cat(diffs)
+    return {"mean_abs": float(d.mean()), "max_abs": float(d.max()), "tokens": int(d.numel())}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sft-data", required=True)
+    p.add_argument("--rewarded", required=True, help="a rewarded table (a run's steps/NNNN/rewarded.parquet)")
+    p.add_argument("--model", required=True, help="the checkpoint that rolled the table out")
+    p.add_argument("--sft-steps", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--only", choices=["sft", "grpo"], default=None)
+    p.add_argument("--child", nargs=2, metavar=("KIND", "PRECISION"))
+    args = p.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(*args.child, args)), flush=True)
+        return
+    results: dict = {}
+    for kind in [args.only] if args.only else ["sft", "grpo"]:
+        for rep in range(args.repeats):
+            for precision in (("fp32", "bf16") if rep % 2 == 0 else ("bf16", "fp32")):
+                cmd = [sys.executable, __file__, "--child", kind, precision, "--sft-data", args.sft_data,
+                       "--rewarded", args.rewarded, "--model", args.model, "--sft-steps", str(args.sft_steps)]
+                out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+                line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+                if out.returncode or not line:
+                    sys.exit(f"{kind}/{precision} failed:\n{out.stderr[-3000:]}")
+                r = json.loads(line[0][7:])
+                results.setdefault((kind, precision), []).append(r)
+                print(kind, precision, json.dumps(r), file=sys.stderr, flush=True)
+    key = {"sft": "per_step", "grpo": "update_seconds"}
+    for kind in [args.only] if args.only else ["sft", "grpo"]:
+        f = statistics.median(r[key[kind]] for r in results[(kind, "fp32")])
+        b = statistics.median(r[key[kind]] for r in results[(kind, "bf16")])
+        print(f"{kind:5s} {key[kind]:15s} fp32 {f:8.1f} s   bf16 {b:8.1f} s   bf16/fp32 {b / f:.2f}")
+    if not args.only or args.only == "grpo":
+        d = results[("grpo", "bf16")][0]["drift"]
+        print(f"grpo  bf16 log-prob drift over {d['tokens']} sampled tokens: mean |Δ| {d['mean_abs']:.4f}, "
+              f"max {d['max_abs']:.3f}")
+        print("grpo  loss fp32 " + ", ".join(f"{r['loss']:.5f}" for r in results[("grpo", "fp32")]) +
+              "   bf16 " + ", ".join(f"{r['loss']:.5f}" for r in results[("grpo", "bf16")]))
+
+
+if __name__ == "__main__":
+    main()
