@@ -20,8 +20,11 @@
 # one rollout configuration are deterministic, so the arms share the SFT eval instead of redoing it.
 # Each arm then compares every eval with the SFT eval (paired bootstrap over question ids).
 #
-#   bench/learning.sh                 # all arms in RUNS=runs/learning (~25 min SFT + ~50-60 min per arm)
+#   bench/learning.sh                 # all arms in RUNS=runs/learning (~30 min SFT + ~30-40 min per arm)
 #   ARMS=fused bench/learning.sh      # one arm
+#   SFT_FROM=runs/x/sft ARMS=fused bench/learning.sh   # arms from an SFT run folder made elsewhere
+#                                     # (a run-all with steps = 0 of the learn preset; it is not rerun)
+#   TRANSFER=0 ...                    # no real-document evals in the arms (add them later with atom eval)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -31,11 +34,18 @@ export HF_HUB_OFFLINE=1
 mkdir -p "$RUNS"
 atom() { "$PY" -m atomcli "$@"; }
 
-SFT="$RUNS/sft"
-printf '[run-all]\nsteps = 0\neval_limit = 0\neval_base = false\n' > "$RUNS/sft-only.toml"
-# resumable: what exists (world, checkpoint, evals) is kept
-atom run-all --demo --preset learn --config "$RUNS/sft-only.toml" --out "$SFT" $([[ -d "$SFT" ]] && echo --resume) \
-  2>&1 | tee -a "$RUNS/sft.log"
+TRANSFER=${TRANSFER:-1}
+NO_TRANSFER='transfer_test = ""\ntransfer_search = ""\n'
+if [[ -n "${SFT_FROM:-}" ]]; then
+  SFT="$(realpath "$SFT_FROM")"
+  [[ -e "$SFT/sft/model.safetensors" && -e "$SFT/eval/sft.parquet" ]] || { echo "SFT_FROM=$SFT_FROM is not a finished SFT run" >&2; exit 2; }
+else
+  SFT="$RUNS/sft"
+  printf '[run-all]\nsteps = 0\neval_limit = 0\neval_base = false\n'"$([[ $TRANSFER == 0 ]] && echo "$NO_TRANSFER")" > "$RUNS/sft-only.toml"
+  # resumable: what exists (world, checkpoint, evals) is kept
+  atom run-all --demo --preset learn --config "$RUNS/sft-only.toml" --out "$SFT" $([[ -d "$SFT" ]] && echo --resume) \
+    2>&1 | tee -a "$RUNS/sft.log"
+fi
 
 arm_config() {  # arm -> the TOML layered on the learn preset
   case "$1" in
@@ -54,12 +64,27 @@ for arm in $ARMS; do
   dir="$RUNS/$arm"
   mkdir -p "$dir/eval"
   arm_config "$arm" > "$RUNS/$arm.toml"
+  if [[ $TRANSFER == 0 ]]; then  # merged, not appended: the arm may have a [run-all] section of its own
+    "$PY" - "$RUNS/$arm.toml" <<'PYEOF'
+import sys, tomllib
+from atomcli.stages import run_all
+path = sys.argv[1]
+with open(path, "rb") as f:
+    cfg = tomllib.load(f)
+cfg.setdefault("run-all", {}).update(transfer_test="", transfer_search="")
+open(path, "w").write(run_all.to_toml(cfg))
+PYEOF
+  fi
   # the shared start: world, SFT checkpoint, the SFT eval's questions and answered table
   [[ -e "$dir/world" ]] || ln -s "$(realpath "$SFT/world")" "$dir/world"
   [[ -e "$dir/sft" ]] || ln -s "$(realpath "$SFT/sft")" "$dir/sft"
-  [[ -e "$dir/real" ]] || ln -s "$(realpath "$SFT/real")" "$dir/real"
-  mkdir -p "$dir/eval/transfer"
-  for f in questions.parquet sft.parquet transfer/questions.parquet transfer/sft.parquet; do
+  shared="questions.parquet sft.parquet"
+  if [[ $TRANSFER != 0 ]]; then
+    [[ -e "$dir/real" ]] || ln -s "$(realpath "$SFT/real")" "$dir/real"
+    mkdir -p "$dir/eval/transfer"
+    shared="$shared transfer/questions.parquet transfer/sft.parquet"
+  fi
+  for f in $shared; do
     [[ -e "$dir/eval/$f" ]] || cp "$SFT/eval/$f" "$dir/eval/$f"
   done
   # mark the seeded folder as run-all marks its own (marker + config.json of exactly these settings),
