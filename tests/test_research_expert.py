@@ -162,8 +162,26 @@ def test_real_observations_are_what_the_real_tools_return(rows, tmp_path):
         tb.close()
 
 
-def test_the_research_world_has_namesakes_and_pages_that_need_reading(research_dir):
+def test_the_real_benchmarks_train_split_is_in_the_rl_world_and_its_test_split_is_not(research_dir):
+    """RL steps draw real train questions and find their passages through the world's own index."""
+    corpus, questions = real_docs.load("sqlite")
+    real_train = [q for q in questions if q["split"] == "train"]
+    real_test = {q["id"] for q in questions if q["split"] == "test"}
+    train = read_jsonl(research_dir / "train.jsonl")
+    ids = [q["id"] for q in train]
+    assert [q["id"] for q in real_train] == ids[-len(real_train):] and not real_test & set(ids)
+    assert all(set(q) == {"id", "question", "golden_answers", "data_source"} for q in train)
+    assert {q["data_source"] for q in train[-len(real_train):]} == {"sqlite_1hop", "sqlite_2hop"}
     docs = read_jsonl(research_dir / "corpus.jsonl")
+    assert sum(d["id"].startswith("sqlite/") for d in docs) == len(corpus)
+    from atomcli.env import search_local
+    q = real_train[0]  # its support passage is found in the world's index
+    hits = search_local.LocalIndex(str(research_dir / "index.sqlite")).search(q["question"], k=10)
+    assert set(q["support"]) & {h["id"] for h in hits}
+
+
+def test_the_research_world_has_namesakes_and_pages_that_need_reading(research_dir):
+    docs = [d for d in read_jsonl(research_dir / "corpus.jsonl") if not d["id"].startswith("sqlite/")]
     titles = [d["title"] for d in docs]
     assert len(set(titles)) == len(titles)
     people = [d["title"] for d in docs if d["id"].startswith("person")]

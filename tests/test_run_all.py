@@ -183,6 +183,9 @@ def test_question_hops_from_column_or_data_source():
     t = pa.table({"data_source": ["demo_3hop", "nq", None], "id": ["a", "b", "c"]})
     assert run_all.question_hops(t) == [3, 1, 1]
     assert run_all.question_hops(t.append_column("hops", pa.array([2, 2, None]))) == [2, 2, 1]
+    # a mixed file (demo rows without hops, real rows with them): per row, data_source fills the gaps
+    mixed = pa.table({"data_source": ["demo_3hop", "sqlite_2hop", "nq"], "hops": pa.array([None, 2, None])})
+    assert run_all.question_hops(mixed) == [3, 2, 1]
 
 
 def test_atom_eval_with_the_run_config_matches_run_alls_eval(quick_run, tmp_path):

@@ -23,6 +23,12 @@ researches:
 The SFT set mixes these trajectories with those of `real_sft` over the real benchmark's train
 split (never its test split). Questions are generated from this world as `world.py` does (so
 they differ from the classic world's).
+
+The RL steps see real text too: with a real benchmark (`real`, the default), the world's corpus
+and index also hold that benchmark's passages, and `train.jsonl` ends with its train split
+(FlashRAG rows, `data_source` sqlite_1hop / sqlite_2hop, which the hops curriculum reads), so one
+search backend serves both kinds of question and run-all's steps draw both. The test split stays
+the demo world's own questions (the real test split is the transfer eval, over the real index alone).
 """
 
 from __future__ import annotations
@@ -317,9 +323,10 @@ def main(out: str, *, seed: int, articles: int, train: int, test: int, sft: int,
     world = build(seed, articles)
     train_q, test_q = dw.split_questions(dw.make_questions(world, train + test, seed), test)
     docs, spans = render(world, seed)
+    real_docs_, real_train = _real_part(real)
     with tableio.atomic_dir(dest) as tmp:
-        (tmp / "corpus.jsonl").write_bytes(dw._jsonl(docs))
-        (tmp / "train.jsonl").write_bytes(dw._jsonl([q.row() for q in train_q]))
+        (tmp / "corpus.jsonl").write_bytes(dw._jsonl(docs + real_docs_))
+        (tmp / "train.jsonl").write_bytes(dw._jsonl([q.row() for q in train_q] + real_train))
         (tmp / "test.jsonl").write_bytes(dw._jsonl([q.row() for q in test_q]))
         index = str(tmp / "index.sqlite")
         search_local.build_index(str(tmp / "corpus.jsonl"), index)
@@ -330,12 +337,24 @@ def main(out: str, *, seed: int, articles: int, train: int, test: int, sft: int,
         rows = demo_rows + real_rows
         random.Random(f"research-mix:{seed}").shuffle(rows)  # SFT batches see both kinds of question
         config = {"seed": seed, "articles": articles, "train": train, "test": test, "sft": sft, "k": dw.SFT_K,
-                  "date": dw.SYSTEM_DATE, "style": "research", "real": real or None, "real_sft": len(real_rows)}
+                  "date": dw.SYSTEM_DATE, "style": "research", "real": real or None, "real_sft": len(real_rows),
+                  "real_train": len(real_train), "real_passages": len(real_docs_)}
         (tmp / "sft.parquet").write_bytes(tableio.table_bytes(dw.sft_table(rows, config), "parquet"))
     ctx.log(f"[green]wrote[/] {out}: research style, {len(docs):,} articles "
             f"({sum('namesake' in e.info for e in world.entities.values())} with a namesake), "
-            f"{len(train_q)} train / {len(test_q)} test questions, {len(demo_rows)} demo + {len(real_rows)} "
-            f"real-text ({real}) SFT trajectories ({dropped} + {real_dropped} expert failures dropped)")
+            f"+ {len(real_docs_):,} real ({real}) passages, {len(train_q)} + {len(real_train)} real train / "
+            f"{len(test_q)} test questions, {len(demo_rows)} demo + {len(real_rows)} "
+            f"real-text SFT trajectories ({dropped} + {real_dropped} expert failures dropped)")
     return {"articles": len(docs), "train": len(train_q), "test": len(test_q), "sft": len(rows),
             "sft_demo": len(demo_rows), "sft_real": len(real_rows), "dropped": dropped + real_dropped,
-            "style": "research"}
+            "real_train": len(real_train), "real_passages": len(real_docs_), "style": "research"}
+
+
+def _real_part(real: str) -> tuple[list[dict], list[dict]]:
+    """The real benchmark's passages and its train split as FlashRAG rows (never its test split)."""
+    if not real:
+        return [], []
+    from atomcli.demo import real_docs
+    corpus, questions = real_docs.load(real)
+    train = [{k: q[k] for k in real_docs.FLASHRAG_FIELDS} for q in questions if q["split"] == "train"]
+    return corpus, train

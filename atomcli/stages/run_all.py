@@ -86,13 +86,13 @@ _HOPS = re.compile(r"(\d+)[ _-]?hop", re.I)
 
 
 def question_hops(table) -> list[int]:
-    """Hop count per training question: a `hops` column, else `Nhop` in `data_source`, else 1."""
-    if "hops" in table.column_names:
-        return [int(h) if h is not None else 1 for h in table.column("hops").to_pylist()]
-    if "data_source" in table.column_names:
-        return [int(m.group(1)) if (m := _HOPS.search(str(s or ""))) else 1
-                for s in table.column("data_source").to_pylist()]
-    return [1] * table.num_rows
+    """Hop count per training question: its `hops` value, else `Nhop` in its `data_source`, else 1
+    (per row: a mixed file may give hops for some questions only)."""
+    n = table.num_rows
+    hops = table.column("hops").to_pylist() if "hops" in table.column_names else [None] * n
+    sources = table.column("data_source").to_pylist() if "data_source" in table.column_names else [None] * n
+    return [int(h) if h is not None else (int(m.group(1)) if (m := _HOPS.search(str(s or ""))) else 1)
+            for h, s in zip(hops, sources)]
 
 
 def check_curriculum(name: str) -> None:
