@@ -127,7 +127,7 @@ def policy_scorer(policy):
     if _SCORER is None:
         import torch
 
-        from atomcli.train.logprobs import sequence_logprobs
+        from atomcli.train.logprobs import causal_lm, sequence_logprobs
 
         class PolicyScorer(torch.nn.Module):
             """What accelerate prepares: DDP/FSDP hooks run around the whole log-prob computation."""
@@ -135,9 +135,9 @@ def policy_scorer(policy):
             def __init__(self, policy):
                 super().__init__()
                 self.policy = policy
-                lm = getattr(policy, "get_base_model", lambda: policy)()
+                lm = causal_lm(policy)
                 # FSDP2's auto-wrap reads the transformer block classes from the root module
-                self._no_split_modules = getattr(lm, "_no_split_modules", None)
+                self._no_split_modules = lm._no_split_modules
 
             def get_input_embeddings(self):
                 return self.policy.get_input_embeddings()
@@ -216,10 +216,11 @@ def full_state_dict(accelerator, scorer) -> dict | None:
     Every rank must call this (it gathers)."""
     if not is_sharded(accelerator):
         return None
+    from torch.distributed.tensor import DTensor
     sd = accelerator.get_state_dict(scorer)
     out = {}
     for name, value in sd.items():  # a collective per DTensor left sharded: same order on every rank
-        if hasattr(value, "full_tensor"):
+        if isinstance(value, DTensor):
             value = value.full_tensor()
         if accelerator.is_main_process:
             out[name.removeprefix("policy.")] = value.detach().cpu()
@@ -227,7 +228,8 @@ def full_state_dict(accelerator, scorer) -> dict | None:
 
 
 def _inner(optimizer):
-    return getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
+    from accelerate.optimizer import AcceleratedOptimizer
+    return optimizer.optimizer if isinstance(optimizer, AcceleratedOptimizer) else optimizer
 
 
 def full_optimizer_state(accelerator, optimizer) -> dict | None:
@@ -236,13 +238,15 @@ def full_optimizer_state(accelerator, optimizer) -> dict | None:
     calls this: gathering a DTensor is a collective."""
     if is_deepspeed(accelerator):
         return None  # ZeRO partitions it inside the engine; see the module docstring
+    import torch
+    from torch.distributed.tensor import DTensor
     main = accelerator is None or accelerator.is_main_process
     sd = _inner(optimizer).state_dict()
     for pid in sorted(sd["state"]):
         for key, value in list(sd["state"][pid].items()):
-            if hasattr(value, "full_tensor"):
+            if isinstance(value, DTensor):
                 value = value.full_tensor()
-            if main and hasattr(value, "cpu"):
+            if main and isinstance(value, torch.Tensor):
                 sd["state"][pid][key] = value.detach().cpu()
     return sd if main else None
 
@@ -251,16 +255,17 @@ def load_optimizer_state(accelerator, optimizer, state: dict | None, source: str
     """Continue a saved AdamW run: the full state, re-sharded like the parameters it belongs to."""
     if state is None or is_deepspeed(accelerator):
         return
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
     inner = _inner(optimizer)
     params = [p for g in inner.param_groups for p in g["params"]]
     state = {"state": dict(state.get("state", {})), "param_groups": state.get("param_groups", [])}
     try:
         for pid, entry in list(state["state"].items()):
             p = params[int(pid)]
-            if hasattr(p, "device_mesh"):  # an FSDP2 DTensor parameter: the moments get its placement
-                from torch.distributed.tensor import distribute_tensor
+            if isinstance(p, DTensor):  # an FSDP2 parameter: the moments get its placement
                 entry = {k: distribute_tensor(v.to(p.device, p.dtype), p.device_mesh, p.placements)
-                         if hasattr(v, "shape") and tuple(v.shape) == tuple(p.shape) else v
+                         if isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(p.shape) else v
                          for k, v in entry.items()}
             state["state"][pid] = entry
         lr_decay = [(g["lr"], g["weight_decay"]) for g in inner.param_groups]

@@ -194,7 +194,8 @@ def grpo_update(model, optimizer, mbs: list[MicroBatch], config: LossSettings, a
     if norm is None:  # DeepSpeed clipped and stepped inside its engine and reports no norm
         grad_norm, skipped = math.nan, False
     else:
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        from torch.distributed.tensor import DTensor
+        grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         skipped = not math.isfinite(grad_norm)
     if skipped:  # a NaN/inf gradient would destroy the weights: keep them, say so
         optimizer.zero_grad(set_to_none=True)

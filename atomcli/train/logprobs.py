@@ -120,11 +120,13 @@ def token_logprobs(hidden, weight, bias, targets, temperature: float = 1.0):
 
 def causal_lm(model):
     """The transformers causal LM inside a (possibly peft-wrapped) model."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+    import sys
+    peft = sys.modules.get("peft")  # a peft model exists only once peft is imported (it costs seconds)
+    return model.get_base_model() if peft is not None and isinstance(model, peft.PeftModel) else model
 
 
 def _plain_head(lm) -> bool:
-    cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+    cfg = lm.config.get_text_config()
     scale = getattr(cfg, "logit_scale", None)
     return getattr(cfg, "final_logit_softcapping", None) is None and scale in (None, 1.0)
 
