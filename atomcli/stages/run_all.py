@@ -156,7 +156,7 @@ DEMO = {
 # sampled 2-hop trajectory ever solved its question with two searches, so GRPO could only sharpen the
 # one-search answer (LEARNING.md, session 14). Both trainers autocast to bf16 (this CPU's AMX makes
 # an SFT step 0.68x and an update 0.55x as long as fp32; bench/RESULTS.md). Sized from measured
-# rates on 2 idle cores for <= 90 min.
+# rates on 2 idle cores; measured at ~100 min with the transfer evals left out (over the 90-min target).
 LEARN = {
     "run-all": {"steps": 10, "questions_per_step": 4, "eval_limit": 0, "eval_every": 5, "eval_base": False,
                 "judge": "heuristic", "curriculum": "hops"},
