@@ -294,11 +294,9 @@ def _read_ledger(path: Path | None) -> list[str]:
 
 
 def _write_ledger(path: Path | None, names: list[str]) -> None:
-    if path is None:
-        return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"loaded_adapters": names}))
-    os.replace(tmp, path)  # atomic: a kill leaves the old list or the new one
+    if path is not None:  # atomic: a kill leaves the old list or the new one
+        from atomcli.tableio import write_bytes_atomic
+        write_bytes_atomic(path, json.dumps({"loaded_adapters": names}).encode())
 
 
 class SGLangDisk:

@@ -318,9 +318,8 @@ def _check_config(config: GRPOConfig) -> None:
             raise InputError(f"--{name.replace('_', '-')} must be >= 0")
     if not config.temperature > 0 or not config.lr > 0:
         raise InputError("--temperature and --lr must be > 0")
-    from atomcli.train.accel import PRECISIONS
-    if config.precision not in PRECISIONS:
-        raise unknown_choice("--precision", config.precision, PRECISIONS)
+    from atomcli.train.accel import check_precision
+    check_precision(config.precision)
 
 
 @dataclass

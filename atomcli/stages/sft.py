@@ -133,10 +133,8 @@ def _check_config(config: SFTConfig) -> None:
         raise InputError("--lr and --epochs must be > 0")
     if not 0 <= config.warmup_ratio < 1:
         raise InputError("--warmup-ratio must be in [0, 1)")
-    from atomcli.train.accel import PRECISIONS
-    if config.precision not in PRECISIONS:
-        from atomcli.errors import unknown_choice
-        raise unknown_choice("--precision", config.precision, PRECISIONS)
+    from atomcli.train.accel import check_precision
+    check_precision(config.precision)
 
 
 def filter_by_reward(table, min_reward: float):

@@ -50,10 +50,16 @@ PRECISIONS = ("auto", "bf16", "fp32")
 _TEARDOWN = {"registered": False}
 
 
+def check_precision(precision: str) -> None:
+    """The `--precision` flag of sft and grpo-step: one of PRECISIONS (a usage error otherwise)."""
+    if precision not in PRECISIONS:
+        from atomcli.errors import unknown_choice
+        raise unknown_choice("--precision", precision, PRECISIONS)
+
+
 def resolve_precision(precision: str) -> str:
     """`auto` -> bf16 on a CUDA GPU that supports it, else fp32."""
-    if precision not in PRECISIONS:
-        raise InputError(f"unknown precision `{precision}`", hint="valid: " + ", ".join(PRECISIONS))
+    check_precision(precision)
     if precision != "auto":
         return precision
     import torch
