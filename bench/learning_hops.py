@@ -1,8 +1,11 @@
 """Which training trajectories succeeded, by hop count and searches (bench/LEARNING.md, "Why the multi-hop
 questions are lost"): read a learning run's step tables and count, per hop count, the trajectories that
-were solved (F1 > 0.5), solved with two or more searches, and that searched twice at all.
+were solved (F1 > 0.5), solved with two or more searches, and that searched twice at all; with
+`--advantage`, also the sum of the trajectories' advantages by hop count and searches (1 or >= 2), which
+shows which way the groups push the "search again" decision.
 
     python bench/learning_hops.py runs/learning/fused runs/learning/outcome --steps 1-4
+    python bench/learning_hops.py runs/learn40/fused --steps 1-4 --advantage
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ def counts(run: Path, steps: range) -> dict:
     c: dict = collections.Counter()
     for s in steps:
         t = tableio.read_table(str(run / "steps" / f"{s:04d}" / "rewarded.parquet"))
-        rows = t.select(["f1", "n_search"]).to_pylist()
+        rows = t.select(["f1", "n_search", "advantage"]).to_pylist()
         for hops, r in zip(question_hops(t), rows):
+            searches = "1" if r["n_search"] <= 1 else ">=2"
+            c[hops, "adv", searches] += r["advantage"]
+            c[hops, "adv_n", searches] += 1
             c[hops, "n"] += 1
             c[hops, "solved"] += r["f1"] > 0.5
             c[hops, "solved_2_searches"] += r["f1"] > 0.5 and r["n_search"] >= 2
@@ -34,6 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--steps", default="1-4", help="first-last step (1-based)")
+    ap.add_argument("--advantage", action="store_true", help="also the advantage mass by hops x searches")
     args = ap.parse_args()
     a, b = (int(x) for x in args.steps.split("-"))
     print("| run | hops | trajectories | solved (F1 > 0.5) | solved with >= 2 searches | searched >= 2 times |")
@@ -43,6 +50,14 @@ def main() -> None:
         for h in sorted({k[0] for k in c}):
             print(f"| {run.name} | {h} | {c[h, 'n']} | {c[h, 'solved']} | {c[h, 'solved_2_searches']} "
                   f"| {c[h, 'searched_twice']} |")
+    if args.advantage:
+        print("\n| run | hops | advantage sum, <= 1 search (trajectories) | advantage sum, >= 2 searches (trajectories) |")
+        print("|---|---|---|---|")
+        for run in args.runs:
+            c = counts(run, range(a, b + 1))
+            for h in sorted({k[0] for k in c}):
+                print(f"| {run.name} | {h} | {c[h, 'adv', '1']:+.2f} ({c[h, 'adv_n', '1']}) "
+                      f"| {c[h, 'adv', '>=2']:+.2f} ({c[h, 'adv_n', '>=2']}) |")
 
 
 if __name__ == "__main__":
