@@ -10,8 +10,16 @@ alternating, `--repeats` times each; reported: median seconds, the ratio bf16 / 
 faster), and for GRPO the drift of the sampled tokens' log-probs (bf16 autocast vs fp32, mean and
 max |Δ log p|) that an importance ratio computed under bf16 carries.
 
+`--only decode` times a greedy rollout of the first `--decode-questions` test questions (an eval's
+work) three ways: fp32, a bf16 copy of the weights (`bf16-weights`, what a sampling copy of the
+policy refreshed after each update would be) and bf16 autocast over fp32 weights (`bf16`), and
+says how many answers equal fp32's: on this CPU decoding is mostly small matmuls and attention over
+a long KV cache, so the matmul speed-up of training need not carry over.
+
     .venv/bin/python bench/bench_precision.py --sft-data runs/learning/sft/world/sft.parquet \\
         --rewarded runs/learning/fused/steps/0001/rewarded.parquet --model runs/learning/sft/sft
+    .venv/bin/python bench/bench_precision.py --only decode --model runs/learning/sft/sft \\
+        --questions runs/learning/sft/world/test.jsonl --index runs/learning/sft/world/index.sqlite
 """
 
 from __future__ import annotations
@@ -54,7 +62,35 @@ def child(kind: str, precision: str, args) -> dict:
         return {"seconds": time.perf_counter() - t0, "update_seconds": res.metrics["seconds"],
                 "tokens": res.metrics["input_tokens"], "loss": res.metrics["loss"],
                 "drift": logprob_drift(args.model, table) if precision == "bf16" else None}
+    if kind == "decode":
+        return decode(precision, args, ctx)
     raise SystemExit(f"unknown kind {kind}")
+
+
+def decode(precision: str, args, ctx) -> dict:
+    """A rollout of `--decode-questions` test questions with the policy in fp32, in a bf16 copy of its
+    weights (`bf16-weights`: what a sampling copy would be) or under bf16 autocast (`bf16`)."""
+    import contextlib
+
+    import torch
+
+    from atomcli import models, tableio
+    from atomcli.stages import rollout
+    questions = tableio.read_table(args.questions).slice(0, args.decode_questions)
+    model, tok = models.load(args.model, dtype="bfloat16" if precision == "bf16-weights" else "float32")
+    ctx._cache[("model", args.model, ())] = (model, tok)  # the rollout's context.model(spec) gets this one
+    cfg = rollout.RolloutConfig(model=args.model, search=f"local:{args.index}", group_size=args.decode_group,
+                                max_turns=4, max_new_tokens=192, k=3, temperature=args.decode_temperature,
+                                batch_size=32, date="2026-01-01", seed=0)
+    auto = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    t0 = time.perf_counter()
+    with auto:
+        table = rollout.run(questions, cfg, ctx)
+    seconds = time.perf_counter() - t0
+    rows = table.to_pylist()
+    tokens = sum(sum(r["loss_mask"]) for r in rows)
+    return {"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds,
+            "answers": [r["answer"] for r in rows], "searches": sum(r["n_search"] for r in rows) / len(rows)}
 
 
 def logprob_drift(model_dir: str, table, rows: int = 8) -> dict:
@@ -83,41 +119,61 @@ def logprob_drift(model_dir: str, table, rows: int = 8) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sft-data", required=True)
-    p.add_argument("--rewarded", required=True, help="a rewarded table (a run's steps/NNNN/rewarded.parquet)")
+    p.add_argument("--sft-data", default="", help="an SFT table (a run's world/sft.parquet): for `sft`")
+    p.add_argument("--rewarded", default="", help="a rewarded table (a run's steps/NNNN/rewarded.parquet): for `grpo`")
+    p.add_argument("--questions", default="", help="a question file (a run's world/test.jsonl): for `decode`")
+    p.add_argument("--index", default="", help="the local index of --questions (world/index.sqlite): for `decode`")
+    p.add_argument("--decode-questions", type=int, default=16)
+    p.add_argument("--decode-group", type=int, default=1, help="samples per question (1: an eval)")
+    p.add_argument("--decode-temperature", type=float, default=0.0)
     p.add_argument("--model", required=True, help="the checkpoint that rolled the table out")
     p.add_argument("--sft-steps", type=int, default=3)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--only", choices=["sft", "grpo"], default=None)
-    p.add_argument("--child", nargs=2, metavar=("KIND", "PRECISION"))
+    p.add_argument("--only", choices=["sft", "grpo", "decode"], default=None,
+                   help="one kind (default: sft and grpo; decode only when asked)")
+    p.add_argument("--child", nargs=2, metavar=("KIND", "PRECISION"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(*args.child, args)), flush=True)
         return
     results: dict = {}
-    for kind in [args.only] if args.only else ["sft", "grpo"]:
+    kinds = [args.only] if args.only else ["sft", "grpo"]
+    precisions = {"sft": ("fp32", "bf16"), "grpo": ("fp32", "bf16"), "decode": ("fp32", "bf16-weights", "bf16")}
+    for kind in kinds:
         for rep in range(args.repeats):
-            for precision in (("fp32", "bf16") if rep % 2 == 0 else ("bf16", "fp32")):
-                cmd = [sys.executable, __file__, "--child", kind, precision, "--sft-data", args.sft_data,
-                       "--rewarded", args.rewarded, "--model", args.model, "--sft-steps", str(args.sft_steps)]
+            order = precisions[kind] if rep % 2 == 0 else precisions[kind][::-1]
+            for precision in order:
+                cmd = [sys.executable, __file__, "--child", kind, precision] + [
+                    a for k, v in vars(args).items() if k not in ("child", "only", "repeats")
+                    for a in (f"--{k.replace('_', '-')}", str(v))]
                 out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
                 line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
                 if out.returncode or not line:
                     sys.exit(f"{kind}/{precision} failed:\n{out.stderr[-3000:]}")
                 r = json.loads(line[0][7:])
                 results.setdefault((kind, precision), []).append(r)
-                print(kind, precision, json.dumps(r), file=sys.stderr, flush=True)
-    key = {"sft": "per_step", "grpo": "update_seconds"}
-    for kind in [args.only] if args.only else ["sft", "grpo"]:
+                shown = {k: v for k, v in r.items() if k != "answers"}
+                print(kind, precision, json.dumps(shown), file=sys.stderr, flush=True)
+    key = {"sft": "per_step", "grpo": "update_seconds", "decode": "seconds"}
+    for kind in kinds:
         f = statistics.median(r[key[kind]] for r in results[(kind, "fp32")])
-        b = statistics.median(r[key[kind]] for r in results[(kind, "bf16")])
-        print(f"{kind:5s} {key[kind]:15s} fp32 {f:8.1f} s   bf16 {b:8.1f} s   bf16/fp32 {b / f:.2f}")
-    if not args.only or args.only == "grpo":
+        for precision in precisions[kind][1:]:
+            b = statistics.median(r[key[kind]] for r in results[(kind, precision)])
+            print(f"{kind:6s} {key[kind]:15s} fp32 {f:8.1f} s   {precision:12s} {b:8.1f} s   "
+                  f"{precision}/fp32 {b / f:.2f}")
+    if "grpo" in kinds:
         d = results[("grpo", "bf16")][0]["drift"]
         print(f"grpo  bf16 log-prob drift over {d['tokens']} sampled tokens: mean |Δ| {d['mean_abs']:.4f}, "
               f"max {d['max_abs']:.3f}")
         print("grpo  loss fp32 " + ", ".join(f"{r['loss']:.5f}" for r in results[("grpo", "fp32")]) +
               "   bf16 " + ", ".join(f"{r['loss']:.5f}" for r in results[("grpo", "bf16")]))
+    if "decode" in kinds:  # greedy: does the cheaper precision give the same answers?
+        ref = results[("decode", "fp32")][0]
+        for precision in precisions["decode"][1:]:
+            r = results[("decode", precision)][0]
+            same = sum(a == b for a, b in zip(ref["answers"], r["answers"]))
+            print(f"decode {precision}: {same}/{len(ref['answers'])} answers equal to fp32's, searches/trajectory "
+                  f"{r['searches']:.2f} (fp32 {ref['searches']:.2f}), tokens {r['tokens']} (fp32 {ref['tokens']})")
 
 
 if __name__ == "__main__":

@@ -224,3 +224,19 @@ def test_provenance_is_recorded_in_the_written_table(tiny_model, tok, tmp_path):
     rec = schema.token_source(table)
     assert rec["stage"] == "rollout" and rec["model"] == c.model and rec["tokens"] == "exact"
     assert rec["tokenizer"] == models.tokenizer_id(tok) and rec["prompt"] == "ids"
+
+
+def test_both_engines_have_every_member_of_the_engine_protocol(tiny_model, tok):
+    """The rollout uses exactly what `engines.base.Engine` declares, with no probing: both engines must have it."""
+    from atomcli import models
+    from atomcli.engines.base import Engine
+    from atomcli.engines.hf import HFEngine
+    members = [m for m in vars(Engine) if not m.startswith("_")] + list(Engine.__annotations__)
+    assert {"generate", "release", "complete", "provenance", "tokenizer", "max_positions", "kind"} <= set(members)
+    model, mtok = models.load(str(tiny_model))
+    hf = HFEngine("tiny", model, mtok)
+    http = OpenAIEngine("openai:x", "http://127.0.0.1:9/completions", "served", tok)
+    for engine in (hf, http):
+        missing = [m for m in members if not hasattr(engine, m)]
+        assert not missing, f"{type(engine).__name__} lacks {missing}"
+    assert hf.max_positions == model.config.max_position_embeddings and http.max_positions is None

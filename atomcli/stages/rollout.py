@@ -48,6 +48,7 @@ from atomcli import plugins, schema
 from atomcli.agent import format as agent_format
 from atomcli.agent.episode import Agent, Chat, Episode, Sampling
 from atomcli.config import opt
+from atomcli.engines.base import Engine
 from atomcli.errors import InputError
 
 
@@ -154,7 +155,7 @@ def validate(config: RolloutConfig) -> None:
 
 # --- engines --------------------------------------------------------------------------------
 
-def engine_for(config: RolloutConfig, context):
+def engine_for(config: RolloutConfig, context) -> Engine:
     """The sampling engine for `config.model`, cached in the context (run-all loads it once)."""
     if config.model.startswith("openai:"):
         from atomcli.engines import openai as engine_openai
@@ -209,7 +210,7 @@ def run(table, config: RolloutConfig, context, *, done_groups=frozenset(), sink=
         chat = Chat(engine.tokenizer)
         chat.check(system)
         max_ctx = config.max_context
-        if getattr(engine, "max_positions", None):
+        if engine.max_positions:
             max_ctx = min(max_ctx, engine.max_positions)
         agent = Agent(Sampling(config.max_new_tokens, config.max_turns, config.seed, config.temperature,
                                config.top_p), chat, system, max_ctx)
