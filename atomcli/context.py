@@ -62,9 +62,9 @@ class Context:
     # Convenience accessors; the heavy lifting lives in the modules named.
     def model(self, spec: str, **kw):
         """(model, tokenizer) for a model spec; see atomcli.models. The resident policy answers for
-        the checkpoint it stands for (its module, on the trainer's device)."""
+        the checkpoint it stands for (its module, on the trainer's device; a copy in `dtype=` when asked)."""
         if self.resident is not None and self.resident.stands_for(spec):
-            return self.resident.sampler()
+            return self.resident.sampler(kw.get("dtype", "float32"))
         from atomcli import models
         return self.cached(("model", spec, tuple(sorted(kw.items()))), lambda: models.load(spec, self, **kw))
 

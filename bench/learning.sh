@@ -12,7 +12,9 @@
 #      [aggregate-reward] process = "ig", credit = "turn")
 #   6. arms `t07-fused-skip`, `t07-outcome`: the same rewards as fused-skip and outcome with the
 #      training rollouts sampled at temperature 0.7 instead of 1.0 (evals are greedy either way)
-#   7. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#   7. arm `fused-kl`: the fused reward with the policy held nearer its SFT start: half the learning
+#      rate (1e-5) and a KL term to the SFT checkpoint (beta = 0.04, TRL's old default)
+#   8. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm starts from the same SFT checkpoint, questions, seeds and step count: its run folder is seeded
 # with the shared world/, sft/ and the SFT eval, and run-all --resume skips what exists (the same resume
@@ -25,6 +27,7 @@
 #   SFT_FROM=runs/x/sft ARMS=fused bench/learning.sh   # arms from an SFT run folder made elsewhere
 #                                     # (a run-all with steps = 0 of the learn preset; it is not rerun)
 #   TRANSFER=0 ...                    # no real-document evals in the arms (add them later with atom eval)
+#   OMP_NUM_THREADS=1 ARMS=a ... & OMP_NUM_THREADS=1 ARMS=b ...   # two arms at once, one core each
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -55,8 +58,9 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     ig-turn) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\n' ;;
     t07-fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n[rollout]\ntemperature = 0.7\n' ;;
     t07-outcome) printf '[aggregate-reward]\nno_atr = true\n[rollout]\ntemperature = 0.7\n' ;;
+    fused-kl) printf '[grpo-step]\nlr = 1e-05\nbeta = 0.04\n' ;;
     hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, hf)" >&2; exit 2 ;;
   esac
 }
 

@@ -522,3 +522,23 @@ def test_kv_reuse_gives_the_same_samples_with_less_prefill(loaded):
     for key in contexts:
         engines[True].release(key)
     assert not engines[True].sessions
+
+
+def test_bf16_precision_samples_with_a_bfloat16_copy_of_the_policy(tiny_model):
+    """--precision bf16 samples with a bfloat16 copy (the fp32 policy stays as it is); the recorded log-probs are
+    that copy's, close to an fp32 pass; an unknown precision is refused naming the valid ones."""
+    ctx = Context(quiet=True)
+    t = rollout.run(questions(2), config(str(tiny_model), precision="bf16", max_new_tokens=12), ctx)
+    cast, tok = ctx.model(str(tiny_model), dtype="bfloat16")
+    fp32, _ = ctx.model(str(tiny_model))
+    assert {p.dtype for p in cast.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in fp32.parameters()} == {torch.float32}
+    for r in t.to_pylist():
+        ids, n = r["prompt_ids"] + r["completion_ids"], len(r["prompt_ids"])
+        mask = torch.tensor(r["loss_mask"], dtype=torch.bool)
+        got = torch.tensor(r["old_logprobs"])[mask]
+        assert torch.all(torch.tensor(r["old_logprobs"])[~mask] == 0)
+        drift = (got - fresh_logprobs(fp32, ids)[n - 1:][mask]).abs()
+        assert 0 < drift.max() < 0.1, drift.max()  # bf16's, not fp32's, and close to them
+    with pytest.raises(InputError, match="valid: bf16, fp32"):
+        rollout.validate(config(str(tiny_model), precision="fp16"))

@@ -399,6 +399,12 @@ def test_resident_policy_continues_exactly_like_its_saved_checkpoint(moving_run,
     saved = load_file(str(one / "model.safetensors"))
     live = sampler.state_dict()
     assert all(torch.equal(live[k], saved[k]) for k in saved)
+    # rollout --precision bf16: a bfloat16 copy of those weights, made once per update
+    cast, _ = ctx.model(str(one), dtype="bfloat16")
+    assert ctx.model(str(one), dtype="bfloat16")[0] is cast and cast is not sampler
+    low = cast.state_dict()
+    assert all(torch.equal(low[k], saved[k].to(torch.bfloat16)) for k in saved)
+    assert all(v.dtype == torch.float32 for v in sampler.state_dict().values())
 
     nxt = dataclasses.replace(cfg, model=str(one))
     mem = grpo_step.run(tables[1], nxt, ctx)

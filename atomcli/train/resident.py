@@ -51,19 +51,31 @@ class ResidentPolicy:
     ref_spec: str | None = None    # the separately loaded KL reference, kept across steps
     ref_model: Any = None
     _merged: Any = field(default=None, repr=False)
+    _cast: tuple | None = field(default=None, repr=False)  # (dtype, copy): the sampling copy in another dtype
 
     def stands_for(self, spec: str) -> bool:
         return folder_id(spec) == self.spec
 
-    def sampler(self) -> tuple[Any, Any]:
-        """(model, tokenizer) to sample and score with: the module, or with LoRA its merged copy."""
+    def sampler(self, dtype: str = "float32") -> tuple[Any, Any]:
+        """(model, tokenizer) to sample and score with: the module, or with LoRA its merged copy; in
+        another `dtype` (rollout --precision bf16) a copy of that, made once per update."""
+        import copy
         if not self.state.get("lora"):
-            return self.model, self.tokenizer
-        if self._merged is None:
-            import copy
-            self._merged = copy.deepcopy(self.model).merge_and_unload()  # base + delta, as saved
-            self._merged.eval()
-        return self._merged, self.tokenizer
+            module = self.model
+        else:
+            if self._merged is None:
+                self._merged = copy.deepcopy(self.model).merge_and_unload()  # base + delta, as saved
+                self._merged.eval()
+            module = self._merged
+        if dtype == "float32":
+            return module, self.tokenizer
+        if self._cast is None or self._cast[0] != dtype:
+            import torch
+            self._cast = None  # the old copy goes before the new one is made
+            cast = copy.deepcopy(module).to(getattr(torch, dtype))
+            cast.eval()
+            self._cast = (dtype, cast)
+        return self._cast[1], self.tokenizer
 
     def reference(self, spec: str, load: Callable[[], Any]) -> Any:
         """The KL reference model `spec`: loaded by `load` the first time, then kept."""
