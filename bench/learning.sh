@@ -28,6 +28,7 @@
 #                                     # (a run-all with steps = 0 of the learn preset; it is not rerun)
 #   TRANSFER=0 ...                    # no real-document evals in the arms (add them later with atom eval)
 #   OMP_NUM_THREADS=1 ARMS=a ... & OMP_NUM_THREADS=1 ARMS=b ...   # two arms at once, one core each
+#   STYLE=research RUNS=runs/research ...   # the research-style world (issue 20) for the SFT and every arm
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -39,12 +40,15 @@ atom() { "$PY" -m atomcli "$@"; }
 
 TRANSFER=${TRANSFER:-1}
 NO_TRANSFER='transfer_test = ""\ntransfer_search = ""\n'
+STYLE=${STYLE:-}   # the demo world's style (classic, research): SFT and every arm
+STYLE_LINE=""
+[[ -z $STYLE ]] || STYLE_LINE=$(printf 'world_style = "%s"\\n' "$STYLE")
 if [[ -n "${SFT_FROM:-}" ]]; then
   SFT="$(realpath "$SFT_FROM")"
   [[ -e "$SFT/sft/model.safetensors" && -e "$SFT/eval/sft.parquet" ]] || { echo "SFT_FROM=$SFT_FROM is not a finished SFT run" >&2; exit 2; }
 else
   SFT="$RUNS/sft"
-  printf '[run-all]\nsteps = 0\neval_limit = 0\neval_base = false\n'"$([[ $TRANSFER == 0 ]] && echo "$NO_TRANSFER")" > "$RUNS/sft-only.toml"
+  printf '[run-all]\nsteps = 0\neval_limit = 0\neval_base = false\n'"$([[ $TRANSFER == 0 ]] && echo "$NO_TRANSFER")$STYLE_LINE" > "$RUNS/sft-only.toml"
   # resumable: what exists (world, checkpoint, evals) is kept
   atom run-all --demo --preset learn --config "$RUNS/sft-only.toml" --out "$SFT" $([[ -d "$SFT" ]] && echo --resume) \
     2>&1 | tee -a "$RUNS/sft.log"
@@ -68,14 +72,18 @@ for arm in $ARMS; do
   dir="$RUNS/$arm"
   mkdir -p "$dir/eval"
   arm_config "$arm" > "$RUNS/$arm.toml"
-  if [[ $TRANSFER == 0 ]]; then  # merged, not appended: the arm may have a [run-all] section of its own
-    "$PY" - "$RUNS/$arm.toml" <<'PYEOF'
+  if [[ $TRANSFER == 0 || -n $STYLE ]]; then  # merged, not appended: the arm may have a [run-all] section
+    "$PY" - "$RUNS/$arm.toml" "$TRANSFER" "$STYLE" <<'PYEOF'
 import sys, tomllib
 from atomcli.stages import run_all
-path = sys.argv[1]
+path, transfer, style = sys.argv[1:4]
 with open(path, "rb") as f:
     cfg = tomllib.load(f)
-cfg.setdefault("run-all", {}).update(transfer_test="", transfer_search="")
+ra = cfg.setdefault("run-all", {})
+if transfer == "0":
+    ra.update(transfer_test="", transfer_search="")
+if style:
+    ra["world_style"] = style
 open(path, "w").write(run_all.to_toml(cfg))
 PYEOF
   fi
