@@ -2,10 +2,14 @@
 questions are lost"): read a learning run's step tables and count, per hop count, the trajectories that
 were solved (F1 > 0.5), solved with two or more searches, and that searched twice at all; with
 `--advantage`, also the sum of the trajectories' advantages by hop count and searches (1 or >= 2), which
-shows which way the groups push the "search again" decision.
+shows which way the groups push the "search again" decision. With `--eval`, the arguments are answered
+eval tables (a run's eval/*.parquet) instead: per hop count, the questions' mean F1 and how many
+searches the policy made (0, 1, 2, 3 or more), which shows a policy that over-searches easy questions
+or stops early on hard ones.
 
     python bench/learning_hops.py runs/learning/fused runs/learning/outcome --steps 1-4
     python bench/learning_hops.py runs/learn40/fused --steps 1-4 --advantage
+    python bench/learning_hops.py --eval runs/learn40/fused/eval/sft.parquet runs/learn40/fused/eval/step-0010.parquet
 """
 
 from __future__ import annotations
@@ -36,12 +40,38 @@ def counts(run: Path, steps: range) -> dict:
     return c
 
 
+def eval_table(path: Path) -> dict:
+    """Per hop count: questions, summed F1, and trajectories by number of searches (0, 1, 2, 3+)."""
+    from atomcli import tableio
+    from atomcli.rewards import metrics
+    from atomcli.stages.run_all import question_hops
+    t = tableio.read_table(str(path))
+    c: dict = collections.Counter()
+    for hops, r in zip(question_hops(t), t.select(["answer", "golden_answers", "n_search"]).to_pylist()):
+        c[hops, "n"] += 1
+        c[hops, "f1"] += metrics.f1(r["answer"], r["golden_answers"])
+        c[hops, "searches", min(r["n_search"], 3)] += 1
+    return c
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--steps", default="1-4", help="first-last step (1-based)")
     ap.add_argument("--advantage", action="store_true", help="also the advantage mass by hops x searches")
+    ap.add_argument("--eval", action="store_true", help="the arguments are answered eval tables: F1 and searches "
+                                                         "by hop count")
     args = ap.parse_args()
+    if args.eval:
+        print("| table | hops | questions | F1 | 0 searches | 1 | 2 | 3+ |")
+        print("|---|---|---|---|---|---|---|---|")
+        for path in args.runs:
+            c = eval_table(path)
+            for h in sorted({k[0] for k in c}):
+                n = c[h, "n"]
+                print(f"| {path.parent.parent.name}/{path.stem} | {h} | {n} | {c[h, 'f1'] / n:.3f} | "
+                      + " | ".join(str(c[h, "searches", k]) for k in range(4)) + " |")
+        return
     a, b = (int(x) for x in args.steps.split("-"))
     print("| run | hops | trajectories | solved (F1 > 0.5) | solved with >= 2 searches | searched >= 2 times |")
     print("|---|---|---|---|---|---|")
