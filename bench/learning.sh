@@ -9,7 +9,7 @@
 #   4. arm `fused-skip`: the fused reward, but groups whose outcomes all tie get no advantage
 #      ([aggregate-reward] flat_outcome = "skip": ATR only ranks trajectories whose F1 differs)
 #   5. arm `ig-turn`: information gain as the process reward, with per-turn credit (IGPO-style;
-#      [aggregate-reward] process = "ig", credit = "turn")
+#      [aggregate-reward] process = "ig", credit = "turn"; scored in bf16 autocast like the trainers)
 #   6. arms `t07-fused-skip`, `t07-outcome`: the same rewards as fused-skip and outcome with the
 #      training rollouts sampled at temperature 0.7 instead of 1.0 (evals are greedy either way)
 #   7. arm `fused-kl`: the fused reward with the policy held nearer its SFT start: half the learning
@@ -59,7 +59,7 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     fused)   echo "" ;;
     outcome) printf '[aggregate-reward]\nno_atr = true\n' ;;
     fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n' ;;
-    ig-turn) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\n' ;;
+    ig-turn) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\n[score-ig]\nprecision = "bf16"\n' ;;
     t07-fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n[rollout]\ntemperature = 0.7\n' ;;
     t07-outcome) printf '[aggregate-reward]\nno_atr = true\n[rollout]\ntemperature = 0.7\n' ;;
     fused-kl) printf '[grpo-step]\nlr = 1e-05\nbeta = 0.04\n' ;;

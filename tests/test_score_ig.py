@@ -129,6 +129,24 @@ def test_batched_plain_path_equals_the_cached_one_on_many_rows(tiny_model, tok):
         assert x == pytest.approx(y, rel=1e-4, abs=1e-5)
 
 
+@pytest.mark.parametrize("reuse_prefix", [True, False])
+def test_bf16_scores_are_the_direct_pass_under_autocast(tiny_model, tok, model, reuse_prefix):
+    """--precision bf16: the scores are those of a direct forward pass under bf16 autocast (not fp32's),
+    on both paths; an unknown precision is a usage error naming the valid ones."""
+    row = two_turn_row(tok)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = [direct_score(model, tok, ctx, "Ana Berg") for ctx in expected_contexts(tok, row)]
+    full = [direct_score(model, tok, ctx, "Ana Berg") for ctx in expected_contexts(tok, row)]
+    assert low != full
+    out = score_ig.run(make_table(tok, [row], str(tiny_model)),
+                       score_ig.IGConfig(ig="logprob", precision="bf16", reuse_prefix=reuse_prefix),
+                       quiet()).to_pylist()[0]
+    assert out["turn_ig"] == pytest.approx([low[1] - low[0], low[2] - low[1]], rel=1e-3, abs=5e-5)
+    assert out["turn_ig"] != pytest.approx([full[1] - full[0], full[2] - full[1]], rel=1e-3, abs=5e-5)
+    with pytest.raises(InputError, match="valid: auto, bf16, fp32"):
+        score_ig.run(make_table(tok, [row], str(tiny_model)), score_ig.IGConfig(precision="fp8"), quiet())
+
+
 # --- edge cases: never a silent 0 --------------------------------------------------------------------
 
 def test_failures_are_recorded_and_a_turnless_row_is_zero(tiny_model, tok):

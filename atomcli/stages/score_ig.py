@@ -45,6 +45,7 @@ from atomcli.agent.episode import Chat, turn_spans
 from atomcli.config import opt
 from atomcli.errors import InputError, unknown_choice
 from atomcli.rewards import info_gain
+from atomcli.train import accel
 
 IG_MODES = ("prob", "logprob")
 CHUNK = 256  # trajectories whose contexts are built and scored at once (bounds memory on large tables)
@@ -60,10 +61,13 @@ class IGConfig:
                                    "(off: every context as its own batched sequence)")
     batch_size: int = opt(8, "sequences per forward pass with --no-reuse-prefix")
     device: str = opt("", "torch device for the scoring model (cpu, cuda, cuda:1; default: where it loads)")
+    precision: str = opt("auto", "the scoring passes: auto (bf16 on a GPU, else fp32), bf16 (autocast: fp32 "
+                                 "weights, bf16 matmuls; on this project's AMX CPU about twice as fast) or fp32")
     trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run")
 
 
 def _validate(config: IGConfig) -> None:
+    accel.check_precision(config.precision)
     if config.ig not in IG_MODES:
         raise unknown_choice("--ig mode", config.ig, IG_MODES)
     if config.batch_size < 1:
@@ -111,7 +115,9 @@ def run(table, config: IGConfig, context):
                          hint="score with a model that shares the policy's tokenizer (the default: the policy)")
     chat = Chat(tok)
     template = info_gain.template_texts(chat)
-    context.log(f"score-ig: {table.num_rows} trajectories -> {escape(spec)} (--ig {config.ig})")
+    precision = accel.resolve_precision(config.precision)
+    amp = accel.autocast(model, precision)
+    context.log(f"score-ig: {table.num_rows} trajectories -> {escape(spec)} (--ig {config.ig}, {precision})")
 
     turn_ig: list = []
     ig: list = []
@@ -131,8 +137,9 @@ def run(table, config: IGConfig, context):
                 except ValueError as e:
                     row_err[i] = str(e)
             progress.advance(len(row_err))
-            scored = info_gain.score_jobs(model, jobs, batch_size=config.batch_size, reuse_prefix=config.reuse_prefix,
-                                          progress=progress.advance)
+            with amp:
+                scored = info_gain.score_jobs(model, jobs, batch_size=config.batch_size,
+                                              reuse_prefix=config.reuse_prefix, progress=progress.advance)
             for i in range(part.num_rows):
                 res = scored[where[i]] if i in where else ValueError(row_err[i])
                 if isinstance(res, Exception):

@@ -66,6 +66,16 @@ def resolve_precision(precision: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
 
 
+def autocast(model, precision: str):
+    """A context that runs `model`'s forward passes in bf16 autocast when `precision` (resolved) is bf16."""
+    import contextlib
+
+    import torch
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
+
+
 def make_accelerator(precision: str = "auto"):
     """The process's Accelerator for one GRPO update (single process or whatever the launcher set up)."""
     import torch
