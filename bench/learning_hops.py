@@ -5,7 +5,9 @@ were solved (F1 > 0.5), solved with two or more searches, and that searched twic
 shows which way the groups push the "search again" decision. With `--eval`, the arguments are answered
 eval tables (a run's eval/*.parquet) instead: per hop count, the questions' mean F1 and how many
 searches the policy made (0, 1, 2, 3 or more), which shows a policy that over-searches easy questions
-or stops early on hard ones.
+or stops early on hard ones; `--plans` adds how many hops the first <PLAN> says the question has (the
+classic demo expert's wording: "This is a 3-hop question", "into 3 lookups", "has 3 links"; a plan that
+names no count, "Find X.", is a 1-hop plan) against the question's own hop count.
 
     python bench/learning_hops.py runs/learning/fused runs/learning/outcome --steps 1-4
     python bench/learning_hops.py runs/learn40/fused --steps 1-4 --advantage
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import re
 import sys
 from pathlib import Path
 
@@ -40,6 +43,19 @@ def counts(run: Path, steps: range) -> dict:
     return c
 
 
+PLANNED = re.compile(r"(\d+)-hop question|into (\d+) lookups|has (\d+) links")
+
+
+def planned_hops(messages: list[dict]) -> str:
+    """The hop count the first assistant turn's <PLAN> states ("1" when it names none), "-" without a plan."""
+    first = next((m["content"] for m in messages if m["role"] == "assistant"), "")
+    plan = re.search(r"<PLAN>(.*?)</PLAN>", first or "", re.S)
+    if not plan:
+        return "-"
+    m = PLANNED.search(plan.group(1))
+    return next(g for g in m.groups() if g) if m else "1"
+
+
 def eval_table(path: Path) -> dict:
     """Per hop count: questions, summed F1, and trajectories by number of searches (0, 1, 2, 3+)."""
     from atomcli import tableio
@@ -47,8 +63,9 @@ def eval_table(path: Path) -> dict:
     from atomcli.stages.run_all import question_hops
     t = tableio.read_table(str(path))
     c: dict = collections.Counter()
-    for hops, r in zip(question_hops(t), t.select(["answer", "golden_answers", "n_search"]).to_pylist()):
+    for hops, r in zip(question_hops(t), t.select(["answer", "golden_answers", "n_search", "messages"]).to_pylist()):
         c[hops, "n"] += 1
+        c[hops, "plan", planned_hops(r["messages"])] += 1
         c[hops, "f1"] += metrics.f1(r["answer"], r["golden_answers"])
         c[hops, "searches", min(r["n_search"], 3)] += 1
     return c
@@ -61,6 +78,7 @@ def main() -> None:
     ap.add_argument("--advantage", action="store_true", help="also the advantage mass by hops x searches")
     ap.add_argument("--eval", action="store_true", help="the arguments are answered eval tables: F1 and searches "
                                                          "by hop count")
+    ap.add_argument("--plans", action="store_true", help="with --eval: the hop count the first plan states")
     args = ap.parse_args()
     if args.eval:
         print("| table | hops | questions | F1 | 0 searches | 1 | 2 | 3+ |")
@@ -71,6 +89,14 @@ def main() -> None:
                 n = c[h, "n"]
                 print(f"| {path.parent.parent.name}/{path.stem} | {h} | {n} | {c[h, 'f1'] / n:.3f} | "
                       + " | ".join(str(c[h, "searches", k]) for k in range(4)) + " |")
+        if args.plans:
+            print("\n| table | hops | first plan says: 1 hop | 2 | 3 | 4 | no plan |")
+            print("|---|---|---|---|---|---|---|")
+            for path in args.runs:
+                c = eval_table(path)
+                for h in sorted({k[0] for k in c}):
+                    print(f"| {path.parent.parent.name}/{path.stem} | {h} | "
+                          + " | ".join(str(c[h, "plan", k]) for k in ("1", "2", "3", "4", "-")) + " |")
         return
     a, b = (int(x) for x in args.steps.split("-"))
     print("| run | hops | trajectories | solved (F1 > 0.5) | solved with >= 2 searches | searched >= 2 times |")
