@@ -317,9 +317,11 @@ def demo_world_cmd(
     sft: Annotated[int, typer.Option("--sft", help="Scripted-expert SFT trajectories.")] = 200,
     real: Annotated[Optional[str], typer.Option("--real", help="Instead, write the shipped real-text benchmark "
                                                 "NAME (sqlite: SQLite's documentation); the other flags are ignored.")] = None,
-    style: Annotated[str, typer.Option("--style", help="classic (the default world and expert) or research "
+    style: Annotated[str, typer.Option("--style", help="classic (the default world and expert), research "
                                        "(namesakes, longer pages, an expert that rewrites queries and browses; "
-                                       "the SFT set adds real-text train questions).")] = "classic",
+                                       "the SFT set adds real-text train questions) or stepwise (the classic world; "
+                                       "an expert that names no hop count and restates the question after each "
+                                       "fact).")] = "classic",
 ):
     """Write the embedded fictional research world (corpus, questions, SFT set, index)."""
     if real is not None:

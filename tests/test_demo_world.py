@@ -230,3 +230,53 @@ def test_classic_default_world_is_pinned(tmp_path):
     assert hashlib.sha256(rows).hexdigest() == CLASSIC_SEED0_SFT_ROWS_SHA256
     assert schema.provenance(table)[-1]["config"] == {"seed": 0, "articles": 2400, "train": 400, "test": 100,
                                                        "sft": 200, "k": 3, "date": "2026-01-01"}
+
+
+def test_stepwise_style_is_the_classic_world_with_an_expert_that_rewrites_the_question(tmp_path):
+    """style "stepwise": the classic world's files (same bytes), and an SFT set whose plans name no hop count;
+    after every fact but the last the expert restates the question with that fact in place (a question the
+    rewritten one is), and after the last it says the fact answers it, then answers."""
+    import hashlib
+    out = tmp_path / "stepwise"
+    summary = demo_world.main(str(out), seed=0, style="stepwise", sft=60, context=Context(quiet=True))
+    assert summary["sft"] == 60
+    for name, digest in CLASSIC_SEED0_SHA256.items():
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest, name
+    table = pq.read_table(out / "sft.parquet")
+    assert schema.provenance(table)[-1]["config"]["style"] == "stepwise"
+    world, train_q, _ = demo_world.generate(0, 2400, 400, 100)
+    by_id = {q.id: q for q in train_q}
+    hops_seen = Counter()
+    for r in table.to_pylist():
+        q = by_id[r["id"]]
+        h = len(q.chain)
+        hops_seen[h] += 1
+        turns = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
+        text = "".join(turns)
+        assert not re.search(r"\d+-hop|\d+ lookups|\d+ links", text)            # no count anywhere
+        reflections = [x for t in turns for tag, x in agent_format.atomic_thoughts(t) if tag == "REFLECTION"]
+        rewrites = [x for x in reflections if any(x.startswith(p.split("{")[0]) and "?" in x
+                                                  for p in demo_world.REWRITTEN)]
+        assert len(rewrites) == h - 1, (r["question"], reflections)
+        descs = demo_world.question_descs(q, world)
+        names = [str(v) if isinstance(v, int) else world.get(v).name for v in q.path]
+        for i, x in enumerate(rewrites):   # hop i's value in place of the description it resolves
+            assert x.endswith(q.question.replace(descs[i + 1], names[i + 1], 1))
+        assert names[-1] in reflections[-1] and reflections[-1] not in rewrites
+        assert metrics.f1(r["answer"], r["golden_answers"]) == 1.0 and r["format_ok"]
+    assert set(hops_seen) == {1, 2, 3, 4}
+    # the classic expert is untouched: it still names counts
+    classic = demo_world.main(str(tmp_path / "classic"), seed=0, sft=20, context=Context(quiet=True))
+    assert classic["sft"] == 20
+    text = "".join(m["content"] for r in pq.read_table(tmp_path / "classic" / "sft.parquet").to_pylist()
+                   for m in r["messages"] if m["role"] == "assistant")
+    assert re.search(r"\d+-hop|\d+ lookups|\d+ links", text)
+
+
+def test_every_question_of_the_world_is_recovered_as_nested_descriptions():
+    """question_descs finds, for every generated question, one description per inner relation."""
+    world, train_q, test_q = demo_world.generate(0, 2400, 400, 100)
+    for q in train_q + test_q:
+        descs = demo_world.question_descs(q, world)
+        assert len(descs) == len(q.chain) and descs[-1] in q.question
+        assert all(d in q.question for d in descs)

@@ -33,6 +33,14 @@ and SFT mix of `research_world.py` (namesakes, pages that must be read, an exper
 researches, plus real-text train trajectories); this module's world and expert, the default
 "classic" style, stay byte-for-byte what they were so that earlier measurements reproduce.
 
+`main(..., style="stepwise")` writes this very world (corpus, questions, index: the same bytes
+as classic) with another SFT set: the expert's plans name no hop count ("This is a 3-hop question"
+asks a small policy to count the relations in the question before it has seen anything, and the
+learning study found the SFT policy's count independent of the question, bench/LEARNING.md
+session 16). Instead, after each fact it rewrites the question with the fact in place ("The
+question is now: In what year was Rourvre Zetox born?") or says that the fact answers it, so the
+decision to search again or to answer is read off the latest form of the question in the context.
+
 `serve(corpus)` serves every article as a small HTML page on a loopback port, so browsing
 over real HTTP can be exercised in tests and demos.
 """
@@ -56,7 +64,8 @@ SYSTEM_DATE = "2026-01-01"
 HOP_WEIGHTS = (0.3, 0.3, 0.25, 0.15)  # share of 1..4-hop questions
 MIN_ARTICLES = 100
 FILES = ("corpus.jsonl", "train.jsonl", "test.jsonl", "index.sqlite", "sft.parquet")
-STYLES = ("classic", "research")  # research: research_world.py (opt-in; classic is the default)
+STYLES = ("classic", "research", "stepwise")  # research: research_world.py; stepwise: this world, the expert
+                                              # rewriting the question after each fact (opt-in; classic is the default)
 
 # --- names ---------------------------------------------------------------------------------------
 
@@ -516,13 +525,33 @@ SNIPPET_SHORT = ("The snippet of the {t} article stops before it says {goal}.",
                  "The {t} result is right, but its snippet does not show {goal}.")
 NOT_FOUND = ("None of the results is the article on {t}; the query was too broad.",
              "The results do not include an article titled {t}.")
+# the stepwise expert (style "stepwise"): no hop count, the question rewritten after each fact
+PLAN_START = ("Start with {goal}.", "First find {goal}.", "Look up {goal} first.")
+REWRITTEN = ("The question is now: {q}", "What remains to answer: {q}", "With {v} known, the question becomes: {q}")
+ANSWERED = ("{v} answers the question.", "That settles it: the answer is {v}.",
+            "Nothing is left to look up; the answer is {v}.")
+
+
+def question_descs(q: Question, world: World) -> list[str]:
+    """The descriptions the question nests, innermost first: descs[i] names path[i] ("Dridroth Books",
+    "the founder of Dridroth Books"); the question is the last relation's `ask` about descs[-1].
+    Recovered from the text, since make_question drew one of several nouns per relation."""
+    words = kind_words(world.get(q.anchor))
+    descs = [world.get(q.anchor).name]
+    for rel in q.chain[:-1]:
+        nouns = [n.format(s=descs[-1], **words) for n in REL[rel].noun]
+        hit = [n for n in nouns if n in q.question]
+        if len(hit) != 1:
+            raise ValueError(f"{q.id}: cannot find how {q.question!r} describes {rel} of {descs[-1]!r}")
+        descs.append(hit[0])
+    return descs
 
 
 class Expert:
     """Solves demo questions with the real tools, one hop per turn, writing atomic thoughts."""
 
-    def __init__(self, toolbox, world: World, seed: int):
-        self.tb, self.world, self.seed = toolbox, world, seed
+    def __init__(self, toolbox, world: World, seed: int, *, stepwise: bool = False):
+        self.tb, self.world, self.seed, self.stepwise = toolbox, world, seed, stepwise
 
     def solve(self, q: Question) -> dict:
         from atomcli.agent import format as af
@@ -553,7 +582,11 @@ class Expert:
             return res.observation
 
         h = len(q.chain)
-        units = [("PLAN", rng.choice(PLAN_FIRST if h > 1 else PLAN_ONE).format(h=h, goal=goal(0, subject)))]
+        if self.stepwise:
+            descs = question_descs(q, self.world)
+            units = [("PLAN", rng.choice(PLAN_START).format(goal=goal(0, subject)))]
+        else:
+            units = [("PLAN", rng.choice(PLAN_FIRST if h > 1 else PLAN_ONE).format(h=h, goal=goal(0, subject)))]
         for i, rel_name in enumerate(q.chain):
             rel = REL[rel_name]
             g = goal(i, subject)
@@ -587,13 +620,21 @@ class Expert:
                 units.append(("RISK_ANALYSIS", rng.choice(RISK).format(t=subject)))
             subject = value
             found.append(value)
+            if self.stepwise:  # the question with this fact in place, or the fact answers it
+                if i + 1 < h:
+                    rewritten = q.question.replace(descs[i + 1], value, 1)
+                    units.append(("REFLECTION", rng.choice(REWRITTEN).format(q=rewritten, v=value)))
+                    units.append(("PLAN", rng.choice(PLAN_NEXT).format(goal=goal(i + 1, value))))
+                else:
+                    units.append(("REFLECTION", rng.choice(ANSWERED).format(v=value)))
+                continue
             if i + 1 < h:
                 if rng.random() < 0.35:
                     hyp = rng.choice(HYPOTHESIS).format(v=value, goal=goal(i + 1, value))
                     units.append(("HYPOTHESIS_TESTING", hyp))
                 units.append(("PLAN", rng.choice(PLAN_NEXT).format(goal=goal(i + 1, value))))
         answer = found[-1] if len(found) == h + 1 else "unknown"
-        if answer != "unknown" and h > 1:
+        if answer != "unknown" and h > 1 and not self.stepwise:
             units.append(("REFLECTION", rng.choice(REFLECT_END).format(h=h, chain=" -> ".join(found))))
         think = "".join(f"<{t}>{x}</{t}>" for t, x in units)
         msgs.append({"role": "assistant", "content": f"<think>{think}</think><answer>{answer}</answer>"})
@@ -687,7 +728,8 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
          style: str = "classic", context=None) -> dict:
     """Write the demo world into the folder `out` (replaced atomically); return a summary.
 
-    `style` "research" writes the world and SFT mix of `research_world` instead (issue 20); the
+    `style` "research" writes the world and SFT mix of `research_world` instead (issue 20);
+    "stepwise" this module's world with the stepwise expert's SFT set (module docstring); the
     default, "classic", is this module's world, unchanged so that earlier runs reproduce."""
     from atomcli import tableio
     from atomcli.context import Context
@@ -699,6 +741,7 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
     if style == "research":
         from atomcli.demo import research_world
         return research_world.main(out, seed=seed, articles=articles, train=train, test=test, sft=sft, context=ctx)
+    stepwise = style == "stepwise"
     check_sizes(articles, train, test, sft)
     dest = Path(out)
     from atomcli import safety
@@ -706,7 +749,7 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
     world, train_q, test_q = generate(seed, articles, train, test)
     docs = render_articles(world, seed)
     config = {"seed": seed, "articles": articles, "train": train, "test": test, "sft": sft, "k": SFT_K,
-              "date": SYSTEM_DATE}
+              "date": SYSTEM_DATE, **({"style": style} if stepwise else {})}  # classic: the bytes it always had
     with tableio.atomic_dir(dest) as tmp:
         (tmp / "corpus.jsonl").write_bytes(_jsonl(docs))
         (tmp / "train.jsonl").write_bytes(_jsonl([q.row() for q in train_q]))
@@ -714,7 +757,8 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
         index = str(tmp / "index.sqlite")
         search_local.build_index(str(tmp / "corpus.jsonl"), index)
         spec = "local:" + index
-        rows, dropped = expert_trajectories(spec, ctx, lambda tools: Expert(tools, world, seed), train_q,
+        rows, dropped = expert_trajectories(spec, ctx, lambda tools: Expert(tools, world, seed, stepwise=stepwise),
+                                            train_q,
                                             lambda q: q.golden_answers, limit=sft)
         (tmp / "sft.parquet").write_bytes(tableio.table_bytes(sft_table(rows, config), "parquet"))
     hops = {f"demo_{h}hop": sum(q.data_source == f"demo_{h}hop" for q in train_q + test_q) for h in (1, 2, 3, 4)}

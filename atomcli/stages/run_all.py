@@ -68,9 +68,10 @@ class RunAllConfig:
                                   "(seeded order), hops (shuffled; fewest hops first, all hops by the last step)")
     curriculum_levels: int = opt(2, "with curriculum=hops: hop levels admitted at step 1 (then one more at a "
                                     "time, evenly over the steps)")
-    world_style: str = opt("classic", "with --demo: the demo world's style: classic, or research (namesakes, "
+    world_style: str = opt("classic", "with --demo: the demo world's style: classic, research (namesakes, "
                                       "longer pages, a research expert, real-text train questions in SFT; "
-                                      "not yet measured, issue 20)")
+                                      "not yet measured, issue 20) or stepwise (the classic world, an expert "
+                                      "that restates the question after each fact instead of counting hops)")
     dynamic_sampling: int = opt(0, "DAPO's dynamic sampling: up to N extra rounds per step, each rolling out "
                                    "questions_per_step more questions; groups whose advantages are all 0 are "
                                    "dropped until the step has questions_per_step groups with signal (0 = off)")
