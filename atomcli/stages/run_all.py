@@ -158,9 +158,13 @@ DEMO = {
 # one-search answer (LEARNING.md, session 14). Both trainers autocast to bf16 (this CPU's AMX makes
 # an SFT step 0.68x and an update 0.55x as long as fp32; bench/RESULTS.md). Sized from measured
 # rates on 2 idle cores; measured at ~100 min with the transfer evals left out (over the 90-min target).
+# The world is the stepwise one (the classic world, an SFT expert that never asks for a hop count): the
+# classic expert's SFT policy wrote the same hop count for every question, so RL could only shift that
+# count for all questions at once and collapsed to one search; the stepwise SFT is +0.12 F1 over it and
+# its RL steps do not collapse (LEARNING.md, session 16).
 LEARN = {
     "run-all": {"steps": 10, "questions_per_step": 4, "eval_limit": 0, "eval_every": 5, "eval_base": False,
-                "judge": "heuristic", "curriculum": "hops"},
+                "judge": "heuristic", "curriculum": "hops", "world_style": "stepwise"},
     "sft": {**DEMO["sft"], "max_steps": 40, "precision": "bf16"},
     "rollout": {**DEMO["rollout"], "group_size": 8},
     "aggregate-reward": {},
