@@ -40,7 +40,7 @@ atom() { "$PY" -m atomcli "$@"; }
 
 TRANSFER=${TRANSFER:-1}
 NO_TRANSFER='transfer_test = ""\ntransfer_search = ""\n'
-STYLE=${STYLE:-}   # the demo world's style (classic, research): SFT and every arm
+STYLE=${STYLE:-}   # the demo world's style (classic, research, stepwise): SFT and every arm
 STYLE_LINE=""
 [[ -z $STYLE ]] || STYLE_LINE=$(printf 'world_style = "%s"\\n' "$STYLE")
 if [[ -n "${SFT_FROM:-}" ]]; then

@@ -81,40 +81,36 @@ def main() -> None:
     ap.add_argument("--plans", action="store_true", help="with --eval: the hop count the first plan states")
     args = ap.parse_args()
     if args.eval:
+        tables = {path: eval_table(path) for path in args.runs}  # each table read once, for both tables
         print("| table | hops | questions | F1 | 0 searches | 1 | 2 | 3+ |")
         print("|---|---|---|---|---|---|---|---|")
-        for path in args.runs:
-            c = eval_table(path)
+        for path, c in tables.items():
             for h in sorted({k[0] for k in c}):
-                n = c[h, "n"]
-                print(f"| {path.parent.parent.name}/{path.stem} | {h} | {n} | {c[h, 'f1'] / n:.3f} | "
+                print(f"| {path.parent.parent.name}/{path.stem} | {h} | {c[h, 'n']} | {c[h, 'f1'] / c[h, 'n']:.3f} | "
                       + " | ".join(str(c[h, "searches", k]) for k in range(4)) + " |")
         if args.plans:
             print("\n| table | hops | first plan says: 1 hop | 2 | 3 | 4 | no plan |")
             print("|---|---|---|---|---|---|---|")
-            for path in args.runs:
-                c = eval_table(path)
+            for path, c in tables.items():
                 for h in sorted({k[0] for k in c}):
                     print(f"| {path.parent.parent.name}/{path.stem} | {h} | "
                           + " | ".join(str(c[h, "plan", k]) for k in ("1", "2", "3", "4", "-")) + " |")
         return
     a, b = (int(x) for x in args.steps.split("-"))
+    runs = {run: counts(run, range(a, b + 1)) for run in args.runs}  # each run's step tables read once
     print("| run | hops | trajectories | solved (F1 > 0.5) | solved with >= 2 searches | searched >= 2 times |")
     print("|---|---|---|---|---|---|")
-    for run in args.runs:
-        c = counts(run, range(a, b + 1))
+    for run, c in runs.items():
         for h in sorted({k[0] for k in c}):
             print(f"| {run.name} | {h} | {c[h, 'n']} | {c[h, 'solved']} | {c[h, 'solved_2_searches']} "
                   f"| {c[h, 'searched_twice']} |")
     if args.advantage:
         print("\n| run | hops | advantage sum, <= 1 search (trajectories) | advantage sum, >= 2 searches (trajectories) |")
         print("|---|---|---|---|")
-        for run in args.runs:
-            c = counts(run, range(a, b + 1))
+        for run, c in runs.items():
             for h in sorted({k[0] for k in c}):
                 print(f"| {run.name} | {h} | {c[h, 'adv', '1']:+.2f} ({c[h, 'adv_n', '1']}) "
                       f"| {c[h, 'adv', '>=2']:+.2f} ({c[h, 'adv_n', '>=2']}) |")
-
 
 if __name__ == "__main__":
     main()

@@ -42,8 +42,8 @@ def probe(model_dir: str, table_path: str) -> tuple[dict, collections.Counter]:
         assert full[:len(head)] == head
         digit_ids[d] = full[len(head):len(head) + 2]  # [space, digit]; "-hop" follows
     space = digit_ids["1"][:1]
-    assert all(v[:1] == space and len(set(x[1] for x in digit_ids.values())) == len(digit_ids)
-               for v in digit_ids.values())
+    assert all(v[:1] == space for v in digit_ids.values())           # the same space token before each digit
+    assert len({v[1] for v in digit_ids.values()}) == len(digit_ids)   # and one token per digit
     table = tableio.read_table(table_path)
     sums: dict = collections.defaultdict(lambda: collections.defaultdict(float))
     n: collections.Counter = collections.Counter()
