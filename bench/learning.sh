@@ -14,7 +14,10 @@
 #      training rollouts sampled at temperature 0.7 instead of 1.0 (evals are greedy either way)
 #   7. arm `fused-kl`: the fused reward with the policy held nearer its SFT start: half the learning
 #      rate (1e-5) and a KL term to the SFT checkpoint (beta = 0.04, TRL's old default)
-#   8. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#   8. arm `turns6`: the fused reward with 6 turns per episode in training rollouts and evals instead of 4
+#      (a 4-hop question needs 4 searches and an answer: at 4 turns every correct attempt hits the cap,
+#      is ill formed and gets reward -1, below any wrong answer); it evaluates the SFT checkpoint itself
+#   9. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm starts from the same SFT checkpoint, questions, seeds and step count: its run folder is seeded
 # with the shared world/, sft/ and the SFT eval, and run-all --resume skips what exists (the same resume
@@ -63,8 +66,9 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     t07-fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n[rollout]\ntemperature = 0.7\n' ;;
     t07-outcome) printf '[aggregate-reward]\nno_atr = true\n[rollout]\ntemperature = 0.7\n' ;;
     fused-kl) printf '[grpo-step]\nlr = 1e-05\nbeta = 0.04\n' ;;
+    turns6)  printf '[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n' ;;
     hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, turns6, hf)" >&2; exit 2 ;;
   esac
 }
 
@@ -91,6 +95,8 @@ PYEOF
   [[ -e "$dir/world" ]] || ln -s "$(realpath "$SFT/world")" "$dir/world"
   [[ -e "$dir/sft" ]] || ln -s "$(realpath "$SFT/sft")" "$dir/sft"
   shared="questions.parquet sft.parquet"
+  # an arm that evaluates differently (turns6: 6 turns instead of 4) evaluates the SFT checkpoint itself
+  [[ $arm == turns6 ]] && shared="questions.parquet"
   if [[ $TRANSFER != 0 ]]; then
     [[ -e "$dir/real" ]] || ln -s "$(realpath "$SFT/real")" "$dir/real"
     mkdir -p "$dir/eval/transfer"
@@ -110,7 +116,7 @@ out = Path(sys.argv[1])
 run_all._mark(out, run_all.prepare(out, True, False, sys.argv[2], Context(quiet=True), "learn", build=False))
 PYEOF
   echo "== arm $arm: $(date -u +%FT%TZ)" >&2
-  atom run-all --demo --preset learn --config "$RUNS/$arm.toml" --out "$dir" --resume 2>&1 | tee "$RUNS/$arm.log"
+  atom run-all --demo --preset learn --config "$RUNS/$arm.toml" --out "$dir" --resume 2>&1 | tee -a "$RUNS/$arm.log"  # -a: a resumed arm keeps the log of its first part
 done
 
 # the table of LEARNING.md: every arm's evals against the shared SFT eval

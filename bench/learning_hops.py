@@ -7,10 +7,16 @@ eval tables (a run's eval/*.parquet) instead: per hop count, the questions' mean
 searches the policy made (0, 1, 2, 3 or more), which shows a policy that over-searches easy questions
 or stops early on hard ones; `--plans` adds how many hops the first <PLAN> says the question has (the
 classic demo expert's wording: "This is a 3-hop question", "into 3 lookups", "has 3 links"; a plan that
-names no count, "Find X.", is a 1-hop plan) against the question's own hop count.
+names no count, "Find X.", is a 1-hop plan) against the question's own hop count. With `--decisions`, per
+step: the advantage on each "search again or answer?" choice the trajectories made after an observation
+(a trajectory with n searches chose "search again" n - 1 times and, when it answered, "answer" once);
+the push on "search again" is the sum of advantage x (again - answered) over the step's trajectories, and
+the trajectories that hit the turn cap (ill formed, reward -1) are shown apart: they made the most
+"search again" choices, each with a negative advantage.
 
     python bench/learning_hops.py runs/learning/fused runs/learning/outcome --steps 1-4
     python bench/learning_hops.py runs/learn40/fused --steps 1-4 --advantage
+    python bench/learning_hops.py runs/w16/fused --steps 1-10 --decisions
     python bench/learning_hops.py --eval runs/learn40/fused/eval/sft.parquet runs/learn40/fused/eval/step-0010.parquet
 """
 
@@ -46,6 +52,28 @@ def counts(run: Path, steps: range) -> dict:
 PLANNED = re.compile(r"(\d+)-hop question|into (\d+) lookups|has (\d+) links")
 
 
+def decisions(run: Path, steps: range) -> list[tuple]:
+    """Per step: (step, trajectories at the turn cap, their advantage sum, push on "search again" from
+    the cap trajectories, from the others, in all)."""
+    from atomcli import tableio
+    out = []
+    for s in steps:
+        t = tableio.read_table(str(run / "steps" / f"{s:04d}" / "rewarded.parquet"))
+        capped = adv_capped = push_capped = push_other = 0.0
+        for r in t.select(["n_search", "advantage", "finish_reason"]).to_pylist():
+            again = max(r["n_search"] - 1, 0)
+            answered = r["finish_reason"] == "answer" and r["n_search"] >= 1
+            push = r["advantage"] * (again - answered)
+            if r["finish_reason"] == "max_turns":
+                capped += 1
+                adv_capped += r["advantage"]
+                push_capped += push
+            else:
+                push_other += push
+        out.append((s, int(capped), adv_capped, push_capped, push_other, push_capped + push_other))
+    return out
+
+
 def planned_hops(messages: list[dict]) -> str:
     """The hop count the first assistant turn's <PLAN> states ("1" when it names none), "-" without a plan."""
     first = next((m["content"] for m in messages if m["role"] == "assistant"), "")
@@ -76,6 +104,8 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--steps", default="1-4", help="first-last step (1-based)")
     ap.add_argument("--advantage", action="store_true", help="also the advantage mass by hops x searches")
+    ap.add_argument("--decisions", action="store_true", help="per step: the advantage on the choices to search "
+                                                              "again or answer after an observation")
     ap.add_argument("--eval", action="store_true", help="the arguments are answered eval tables: F1 and searches "
                                                          "by hop count")
     ap.add_argument("--plans", action="store_true", help="with --eval: the hop count the first plan states")
@@ -104,6 +134,13 @@ def main() -> None:
         for h in sorted({k[0] for k in c}):
             print(f"| {run.name} | {h} | {c[h, 'n']} | {c[h, 'solved']} | {c[h, 'solved_2_searches']} "
                   f"| {c[h, 'searched_twice']} |")
+    if args.decisions:
+        print("\n| run | step | trajectories at the turn cap | their advantage sum | push on \"search again\": "
+              "from capped | from the others | in all |")
+        print("|---|---|---|---|---|---|---|")
+        for run in args.runs:
+            for s, n, adv, pc, po, pa in decisions(run, range(a, b + 1)):
+                print(f"| {run.name} | {s} | {n} | {adv:+.2f} | {pc:+.2f} | {po:+.2f} | {pa:+.2f} |")
     if args.advantage:
         print("\n| run | hops | advantage sum, <= 1 search (trajectories) | advantage sum, >= 2 searches (trajectories) |")
         print("|---|---|---|---|")
