@@ -17,7 +17,9 @@
 #   8. arm `turns6`: the fused reward with 6 turns per episode in training rollouts and evals instead of 4
 #      (a 4-hop question needs 4 searches and an answer: at 4 turns every correct attempt hits the cap,
 #      is ill formed and gets reward -1, below any wrong answer); it evaluates the SFT checkpoint itself
-#   9. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#   9. arm `fused-mask`: the fused reward with the samples cut by the turn or context cap masked out
+#      ([aggregate-reward] truncated = "mask": advantage 0, left out of their group's statistics)
+#  10. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm starts from the same SFT checkpoint, questions, seeds and step count: its run folder is seeded
 # with the shared world/, sft/ and the SFT eval, and run-all --resume skips what exists (the same resume
@@ -66,9 +68,10 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     t07-fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n[rollout]\ntemperature = 0.7\n' ;;
     t07-outcome) printf '[aggregate-reward]\nno_atr = true\n[rollout]\ntemperature = 0.7\n' ;;
     fused-kl) printf '[grpo-step]\nlr = 1e-05\nbeta = 0.04\n' ;;
+    fused-mask) printf '[aggregate-reward]\ntruncated = "mask"\n' ;;
     turns6)  printf '[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n' ;;
     hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, turns6, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, fused-mask, turns6, hf)" >&2; exit 2 ;;
   esac
 }
 

@@ -25,6 +25,7 @@ def table(rows: list[dict], *, with_atr: bool = True) -> pa.Table:
         "messages": [[{"role": "assistant", "content": "<think>x</think><answer>a</answer>"}] for _ in rows],
         "answer": [r.get("answer") for r in rows],
         "format_ok": [r.get("ok", True) for r in rows],
+        "finish_reason": [r.get("finish", "answer" if r.get("ok", True) else "error") for r in rows],
     }
     if with_atr:
         cols["atr"] = [r.get("atr") for r in rows]
@@ -167,11 +168,55 @@ def test_other_columns_pass_through_and_rerun_replaces_in_place():
     assert twice.column_names == once.column_names and twice.equals(once)
 
 
+# one question's group: a right and a wrong answer, a sample cut by the turn cap, one by the context cap,
+# and one that answered with broken tags (ill formed, not truncated)
+TRUNC = [{"group": "g", "answer": "Paris"}, {"group": "g", "answer": "Rome"},
+         {"group": "g", "answer": None, "ok": False, "finish": "max_turns"},
+         {"group": "g", "answer": None, "ok": False, "finish": "length"},
+         {"group": "g", "answer": "Paris", "ok": False, "finish": "answer"}]
+
+
+def test_truncated_penalty_ranks_cut_samples_below_every_answer():
+    out = run(table(TRUNC), AggregateConfig(step=10, total_steps=10), CTX).to_pylist()
+    assert [r["reward"] for r in out] == [1.0, 0.0, -1.0, -1.0, -1.0]
+    # mean -0.4, population std sqrt((1.96 + 0.16 + 3 * 0.36) / 5) = 0.8
+    assert [r["advantage"] for r in out] == pytest.approx([1.75, 0.5, -0.75, -0.75, -0.75], rel=1e-5)
+
+
+def test_truncated_mask_zeroes_cut_samples_and_leaves_them_out_of_the_group():
+    out = run(table(TRUNC), AggregateConfig(step=10, total_steps=10, truncated="mask"), CTX).to_pylist()
+    # rewards follow the contract either way (a truncated sample has no answer: -1)
+    assert [r["reward"] for r in out] == [1.0, 0.0, -1.0, -1.0, -1.0]
+    assert [r["format_penalty"] for r in out] == [0.0, 0.0, -1.0, -1.0, -1.0]
+    # the group is the other three: rewards 1, 0, -1 -> mean 0, population std sqrt(2/3)
+    sd = math.sqrt(2 / 3)
+    assert [r["advantage"] for r in out] == pytest.approx([1 / sd, 0.0, 0.0, 0.0, -1 / sd], rel=1e-5)
+    assert out[2]["advantage"] == 0.0 and out[3]["advantage"] == 0.0
+
+
+def test_truncated_mask_zeroes_turn_advantages_of_cut_samples():
+    rows = [{"group": "g", "answer": "Paris", "atr": 0.9}, {"group": "g", "answer": "Rome", "atr": 0.1},
+            {"group": "g", "answer": None, "atr": 0.5, "ok": False, "finish": "max_turns"}]
+    t = table(rows).append_column("atomic_thoughts", pa.array(
+        [[{"turn": 0, "score": 9.0}], [{"turn": 0, "score": 1.0}], [{"turn": 0, "score": 5.0}]]))
+    cfg = dict(step=0, total_steps=10, credit="turn")
+    assert run(t, AggregateConfig(**cfg), CTX).column("turn_advantages").to_pylist()[2][0] < 0
+    got = run(t, AggregateConfig(**cfg, truncated="mask"), CTX).column("turn_advantages").to_pylist()
+    assert got[2] == [0.0] and got[0][0] > 0 > got[1][0]
+
+
+def test_truncated_mask_needs_finish_reason():
+    with pytest.raises(InputError, match="finish_reason"):
+        run(table(TRUNC).drop_columns(["finish_reason"]), AggregateConfig(truncated="mask"), CTX)
+    # the default reads no finish_reason
+    run(table(TRUNC).drop_columns(["finish_reason"]), AggregateConfig(step=0, total_steps=1), CTX)
+
+
 @pytest.mark.parametrize("cfg", [
     AggregateConfig(step=-1, total_steps=10), AggregateConfig(step=0, total_steps=0),
     AggregateConfig(step=11, total_steps=10), AggregateConfig(schedule="exp"),
     AggregateConfig(alpha0=1.5), AggregateConfig(alpha0=float("nan")), AggregateConfig(f1="bag"),
-    AggregateConfig(flat_outcome="drop"),
+    AggregateConfig(flat_outcome="drop"), AggregateConfig(truncated="drop"),
 ])
 def test_bad_options_are_input_errors(cfg):
     with pytest.raises(InputError):

@@ -138,6 +138,12 @@ class Episode:
         self.pending = None
 
 
+# Finish reasons that are a budget running out, not a choice of the policy: the turn cap, and the
+# context cap (no room for the turn, or for another one). aggregate-reward --truncated mask reads them.
+MAX_TURNS = "max_turns"
+LENGTH = "length"
+TRUNCATED = (MAX_TURNS, LENGTH)
+
 NO_ACTION = ("the turn ended without <tool_call>…</tool_call> or <answer>…</answer>; think inside "
              "<think></think>, then call one tool or give the answer")
 
@@ -165,7 +171,7 @@ class Agent:
         ep.text = self.chat.render(ep.messages, open_turn=True)
         ep.prompt_ids = self.chat.encode(ep.text)
         if ep.n_tokens >= self.max_context:
-            ep.finish("length")
+            ep.finish(LENGTH)
 
     def request(self, ep: Episode):
         budget = min(self.cfg.max_new_tokens, self.max_context - ep.n_tokens)
@@ -214,9 +220,9 @@ class Agent:
             ep.answer = turn.answer
             return self._close(ep, closed, "answer")
         if res.stop == "length" and budget < self.cfg.max_new_tokens:
-            return self._close(ep, closed, "length")  # the context cap cut this turn
+            return self._close(ep, closed, LENGTH)  # the context cap cut this turn
         if ep.n_turns >= self.cfg.max_turns:
-            return self._close(ep, closed, "max_turns")
+            return self._close(ep, closed, MAX_TURNS)
         if turn.tool_call is not None:
             ep.pending = turn.tool_call
         else:
@@ -252,7 +258,7 @@ class Agent:
         ep.text = closed
         opening_ids = self.chat.encode(opening)
         if ep.n_tokens + len(opening_ids) >= self.max_context:
-            ep.finish("length")  # no room for another turn; the conversation ends on the tool message
+            ep.finish(LENGTH)  # no room for another turn; the conversation ends on the tool message
             return
         ep.reopen = (len(ep.completion_ids), closed)
         ep.add(opening_ids, 0)

@@ -39,6 +39,18 @@ learning study (bench/LEARNING.md) found the policy optimized on the judge alone
 hard questions' groups were all F1 = 0, and the outcome-only reward, which skips such
 groups, learned more; `skip` keeps the fusion where the outcome has signal.
 
+Truncated trajectories (`--truncated`). A trajectory that ran out of turns or of context
+(`finish_reason` max_turns or length) has no answer, so it is ill formed: reward −1 either way
+(DESIGN §5). With `penalty` (the default) it takes part in its group's advantage like any row:
+it ranks below every answered sample, wrong answers included. With `mask` (DAPO's overlong
+filtering, for turns as well as tokens) its advantage (and turn advantages) are 0 and it stays
+out of its group's mean and std: the group's answered samples are ranked among themselves.
+Why: a budget is not a choice the policy made. In the learning study (bench/LEARNING.md,
+session 17) the few samples that hit the 4-turn cap each made two or three "search again"
+choices with an advantage near −2, which outweighed every answered sample's push and taught
+the policy to answer after one search; ill-formed samples that did answer (bad tags) are not
+truncated and keep their −1.
+
 Turn-level credit (`--credit turn`, IGPO). `reward` and `advantage` stay the trajectory-level
 values above (the summary and the step metrics read them; grpo-step falls back to
 `advantage`), and `turn_advantages` adds one advantage per assistant turn (the runs of 1s in
@@ -80,7 +92,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from atomcli import schema, stats
-from atomcli.agent.episode import turn_spans
+from atomcli.agent.episode import TRUNCATED, turn_spans
 from atomcli.config import opt
 from atomcli.errors import InputError, unknown_choice
 from atomcli.rewards import metrics
@@ -89,6 +101,7 @@ SCHEDULES = ("linear", "cosine", "constant", "none")
 PROCESSES = ("atr", "ig", "none")
 CREDITS = ("trajectory", "turn")
 FLAT_OUTCOMES = ("process", "skip")
+TRUNCATIONS = ("penalty", "mask")
 EPS = 1e-6
 # the columns each process reward needs, and with --credit turn its per-turn form
 PROCESS_COLUMNS = {"atr": ["atr", "rrm_error"], "ig": ["ig", "ig_error"], "none": []}
@@ -110,6 +123,9 @@ class AggregateConfig:
     no_std: bool = opt(False, "advantage without dividing by the group std (Dr. GRPO)")
     flat_outcome: str = opt("process", "a group whose outcomes (F1, -1 ill formed) are all equal: process (ranked "
                                        "by the process reward alone, Atom-Searcher) or skip (advantage 0)")
+    truncated: str = opt("penalty", "a trajectory that ran out of turns or context (reward -1): penalty (ranked "
+                                    "below every answer, as written) or mask (advantage 0, left out of its "
+                                    "group's statistics: DAPO's overlong filtering)")
     f1: str = opt(metrics.DEFAULT_F1, "F1 scorer: squad (SQuAD v1.1), hotpot (HotpotQA/FlashRAG), "
                                       "set (DeepResearcher); token = squad")
 
@@ -129,6 +145,8 @@ def check(config: AggregateConfig) -> None:
         raise unknown_choice("credit", config.credit, CREDITS)
     if config.flat_outcome not in FLAT_OUTCOMES:
         raise unknown_choice("flat-outcome", config.flat_outcome, FLAT_OUTCOMES)
+    if config.truncated not in TRUNCATIONS:
+        raise unknown_choice("truncated", config.truncated, TRUNCATIONS)
     if not (math.isfinite(config.gamma) and 0 <= config.gamma <= 1):
         raise InputError(f"--gamma must be in [0, 1] (got {config.gamma})")
 
@@ -140,6 +158,8 @@ def input_columns(config: AggregateConfig) -> list[str]:
     needed += PROCESS_COLUMNS[config.process]
     if config.credit == "turn":
         needed += TURN_COLUMNS[config.process]
+    if config.truncated == "mask":
+        needed.append("finish_reason")
     return needed
 
 
@@ -302,6 +322,10 @@ def run(table, config: AggregateConfig, context):
     em = [metrics.em(p, g) for p, g in zip(answers, golden)]
     ok = [v is True for v in format_ok]
     proc, failed = _process(table, config)
+    # --truncated mask: each truncated row is a group of its own (advantage 0, out of its group's stats)
+    masked = ([r in TRUNCATED for r in table.column("finish_reason").to_pylist()] if config.truncated == "mask"
+              else [False] * n)
+    groups = [("truncated", i) if masked[i] else g for i, g in enumerate(groups)]
     reward = []
     for i in range(n):
         if not ok[i]:
@@ -322,7 +346,8 @@ def run(table, config: AggregateConfig, context):
         turn_adv = turn_advantages(_turn_rewards(table, config, usable, n_turns), outcome, groups,
                                    n_turns, alpha=a, gamma=config.gamma, no_std=config.no_std)
         cols["turn_advantages"] = [[0.0] * len(ta) if g in flat else ta for ta, g in zip(turn_adv, groups)]
-    _summary(context, config, a, reward, f1, em, ok, [failed[i] and ok[i] for i in range(n)], groups, len(flat))
+    _summary(context, config, a, reward, f1, em, ok, [failed[i] and ok[i] for i in range(n)], groups, len(flat),
+             masked)
     return schema.set_columns(table, cols)
 
 
@@ -331,13 +356,17 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return (float("nan"), float("nan")) if m is None else (m, s)
 
 
-def _summary(context, config, a, reward, f1, em, ok, fallback, groups, skipped_flat: int = 0) -> None:
+def _summary(context, config, a, reward, f1, em, ok, fallback, groups, skipped_flat: int = 0,
+             masked: list[bool] | None = None) -> None:
+    """masked: the rows --truncated mask left out (counted apart, not as groups of one)."""
     if context.quiet:
         return
     from rich.table import Table
+    masked = masked or [False] * len(reward)
     members: dict = defaultdict(list)
-    for r, g in zip(reward, groups):
-        members[g].append(r)
+    for r, g, m in zip(reward, groups, masked):
+        if not m:
+            members[g].append(r)
     flat = sum(1 for rs in members.values() if len(rs) > 1 and max(rs) == min(rs))
     singles = sum(1 for rs in members.values() if len(rs) == 1)
     n = len(reward)
@@ -358,6 +387,8 @@ def _summary(context, config, a, reward, f1, em, ok, fallback, groups, skipped_f
     t.add_row("zero-variance groups", f"{flat} of {len(members)}" + (" (no learning signal)" if flat else ""))
     if config.flat_outcome == "skip" and config.process != "none":
         t.add_row("flat-outcome groups (advantage 0)", f"{skipped_flat} of {len(members)}")
+    if config.truncated == "mask":
+        t.add_row("truncated rows (advantage 0)", f"{sum(masked)} of {n}")
     t.add_row("advantage", "R - mean (no std)" if config.no_std else "(R - mean) / (population std + 1e-6)")
     context.console.print(t)
     if singles:
