@@ -19,7 +19,9 @@
 #      is ill formed and gets reward -1, below any wrong answer); it evaluates the SFT checkpoint itself
 #   9. arm `fused-mask`: the fused reward with the samples cut by the turn or context cap masked out
 #      ([aggregate-reward] truncated = "mask": advantage 0, left out of their group's statistics)
-#  10. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#  10. arm `fused-fail`: the same samples ranked as wrong answers instead ([aggregate-reward] truncated =
+#      "fail": the advantage of an answer with F1 0; the reward column keeps -1)
+#  11. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm starts from the same SFT checkpoint, questions, seeds and step count: its run folder is seeded
 # with the shared world/, sft/ and the SFT eval, and run-all --resume skips what exists (the same resume
@@ -69,9 +71,10 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     t07-outcome) printf '[aggregate-reward]\nno_atr = true\n[rollout]\ntemperature = 0.7\n' ;;
     fused-kl) printf '[grpo-step]\nlr = 1e-05\nbeta = 0.04\n' ;;
     fused-mask) printf '[aggregate-reward]\ntruncated = "mask"\n' ;;
+    fused-fail) printf '[aggregate-reward]\ntruncated = "fail"\n' ;;
     turns6)  printf '[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n' ;;
     hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, fused-mask, turns6, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, turns6, hf)" >&2; exit 2 ;;
   esac
 }
 

@@ -194,6 +194,23 @@ def test_truncated_mask_zeroes_cut_samples_and_leaves_them_out_of_the_group():
     assert out[2]["advantage"] == 0.0 and out[3]["advantage"] == 0.0
 
 
+def test_truncated_fail_ranks_cut_samples_as_wrong_answers():
+    out = run(table(TRUNC), AggregateConfig(step=10, total_steps=10, truncated="fail"), CTX).to_pylist()
+    assert [r["reward"] for r in out] == [1.0, 0.0, -1.0, -1.0, -1.0]  # the contract's reward, unchanged
+    # ranked on 1, 0, 0, 0, -1 (the bad-tag answer keeps -1): mean 0, population std sqrt(2/5)
+    sd = math.sqrt(2 / 5)
+    assert [r["advantage"] for r in out] == pytest.approx([1 / sd, 0.0, 0.0, 0.0, -1 / sd], rel=1e-5)
+
+
+def test_truncated_fail_gives_cut_samples_their_process_reward_like_a_wrong_answer():
+    rows = [{"group": "g", "answer": "Rome", "atr": 0.2},
+            {"group": "g", "answer": None, "atr": 0.6, "ok": False, "finish": "max_turns"}]
+    out = run(table(rows), AggregateConfig(step=0, total_steps=10, truncated="fail"), CTX).to_pylist()
+    # alpha 0.5: ranked on 0.1 (wrong answer) vs 0.3 (cut, ATR 0.6) -> the cut sample ranks higher
+    assert [r["advantage"] for r in out] == pytest.approx([-1.0, 1.0], abs=1e-4)
+    assert out[1]["reward"] == -1.0
+
+
 def test_truncated_mask_zeroes_turn_advantages_of_cut_samples():
     rows = [{"group": "g", "answer": "Paris", "atr": 0.9}, {"group": "g", "answer": "Rome", "atr": 0.1},
             {"group": "g", "answer": None, "atr": 0.5, "ok": False, "finish": "max_turns"}]
@@ -206,8 +223,9 @@ def test_truncated_mask_zeroes_turn_advantages_of_cut_samples():
 
 
 def test_truncated_mask_needs_finish_reason():
-    with pytest.raises(InputError, match="finish_reason"):
-        run(table(TRUNC).drop_columns(["finish_reason"]), AggregateConfig(truncated="mask"), CTX)
+    for choice in ("mask", "fail"):
+        with pytest.raises(InputError, match="finish_reason"):
+            run(table(TRUNC).drop_columns(["finish_reason"]), AggregateConfig(truncated=choice), CTX)
     # the default reads no finish_reason
     run(table(TRUNC).drop_columns(["finish_reason"]), AggregateConfig(step=0, total_steps=1), CTX)
 

@@ -45,11 +45,15 @@ Truncated trajectories (`--truncated`). A trajectory that ran out of turns or of
 it ranks below every answered sample, wrong answers included. With `mask` (DAPO's overlong
 filtering, for turns as well as tokens) its advantage (and turn advantages) are 0 and it stays
 out of its group's mean and std: the group's answered samples are ranked among themselves.
+With `fail` it is ranked as a wrong answer: its advantage is computed from the reward an
+answer with F1 0 would get (α·P with its process reward, else 0), so running out of turns is
+neither better nor worse than guessing wrong.
 Why: a budget is not a choice the policy made. In the learning study (bench/LEARNING.md,
 session 17) the few samples that hit the 4-turn cap each made two or three "search again"
 choices with an advantage near −2, which outweighed every answered sample's push and taught
-the policy to answer after one search; ill-formed samples that did answer (bad tags) are not
-truncated and keep their −1.
+the policy to answer after one search; with `mask` nothing taught it to stop any more and by
+step 5 it searched until the cap on 59% of the test questions. Ill-formed samples that did
+answer (bad tags) are not truncated and keep their −1 under every choice.
 
 Turn-level credit (`--credit turn`, IGPO). `reward` and `advantage` stay the trajectory-level
 values above (the summary and the step metrics read them; grpo-step falls back to
@@ -101,7 +105,7 @@ SCHEDULES = ("linear", "cosine", "constant", "none")
 PROCESSES = ("atr", "ig", "none")
 CREDITS = ("trajectory", "turn")
 FLAT_OUTCOMES = ("process", "skip")
-TRUNCATIONS = ("penalty", "mask")
+TRUNCATIONS = ("penalty", "fail", "mask")
 EPS = 1e-6
 # the columns each process reward needs, and with --credit turn its per-turn form
 PROCESS_COLUMNS = {"atr": ["atr", "rrm_error"], "ig": ["ig", "ig_error"], "none": []}
@@ -124,7 +128,8 @@ class AggregateConfig:
     flat_outcome: str = opt("process", "a group whose outcomes (F1, -1 ill formed) are all equal: process (ranked "
                                        "by the process reward alone, Atom-Searcher) or skip (advantage 0)")
     truncated: str = opt("penalty", "a trajectory that ran out of turns or context (reward -1): penalty (ranked "
-                                    "below every answer, as written) or mask (advantage 0, left out of its "
+                                    "below every answer, as written), fail (ranked as a wrong answer: its "
+                                    "advantage from the reward of F1 0) or mask (advantage 0, left out of its "
                                     "group's statistics: DAPO's overlong filtering)")
     f1: str = opt(metrics.DEFAULT_F1, "F1 scorer: squad (SQuAD v1.1), hotpot (HotpotQA/FlashRAG), "
                                       "set (DeepResearcher); token = squad")
@@ -158,7 +163,7 @@ def input_columns(config: AggregateConfig) -> list[str]:
     needed += PROCESS_COLUMNS[config.process]
     if config.credit == "turn":
         needed += TURN_COLUMNS[config.process]
-    if config.truncated == "mask":
+    if config.truncated != "penalty":
         needed.append("finish_reason")
     return needed
 
@@ -322,9 +327,10 @@ def run(table, config: AggregateConfig, context):
     em = [metrics.em(p, g) for p, g in zip(answers, golden)]
     ok = [v is True for v in format_ok]
     proc, failed = _process(table, config)
+    cut = ([r in TRUNCATED for r in table.column("finish_reason").to_pylist()] if config.truncated != "penalty"
+           else [False] * n)
     # --truncated mask: each truncated row is a group of its own (advantage 0, out of its group's stats)
-    masked = ([r in TRUNCATED for r in table.column("finish_reason").to_pylist()] if config.truncated == "mask"
-              else [False] * n)
+    masked = cut if config.truncated == "mask" else [False] * n
     groups = [("truncated", i) if masked[i] else g for i, g in enumerate(groups)]
     reward = []
     for i in range(n):
@@ -334,8 +340,13 @@ def run(table, config: AggregateConfig, context):
             reward.append(f1[i])
         else:
             reward.append(a * proc[i] + (1 - a) * f1[i])
-    adv = advantages(reward, groups, no_std=config.no_std)
-    outcome = [f1[i] if ok[i] else -1.0 for i in range(n)]
+    # --truncated fail: a truncated row's advantage is that of a wrong answer (F1 0, its process reward
+    # fused as usual); its `reward` stays -1, the contract's value for a trajectory without an answer
+    fail = cut if config.truncated == "fail" else [False] * n
+    ranked = [(0.0 if config.process == "none" or failed[i] else a * proc[i]) if fail[i] else r
+              for i, r in enumerate(reward)]
+    adv = advantages(ranked, groups, no_std=config.no_std)
+    outcome = [f1[i] if ok[i] else (0.0 if fail[i] else -1.0) for i in range(n)]
     flat = flat_groups(outcome, groups) if config.flat_outcome == "skip" and config.process != "none" else set()
     adv = [0.0 if g in flat else x for x, g in zip(adv, groups)]
     cols = {"f1": f1, "em": em, "format_penalty": [0.0 if o else -1.0 for o in ok], "alpha": [a] * n,
@@ -347,7 +358,7 @@ def run(table, config: AggregateConfig, context):
                                    n_turns, alpha=a, gamma=config.gamma, no_std=config.no_std)
         cols["turn_advantages"] = [[0.0] * len(ta) if g in flat else ta for ta, g in zip(turn_adv, groups)]
     _summary(context, config, a, reward, f1, em, ok, [failed[i] and ok[i] for i in range(n)], groups, len(flat),
-             masked)
+             masked, fail)
     return schema.set_columns(table, cols)
 
 
@@ -357,8 +368,10 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
 
 
 def _summary(context, config, a, reward, f1, em, ok, fallback, groups, skipped_flat: int = 0,
-             masked: list[bool] | None = None) -> None:
-    """masked: the rows --truncated mask left out (counted apart, not as groups of one)."""
+             masked: list[bool] | None = None, fail: list[bool] | None = None) -> None:
+    """masked: the rows --truncated mask left out (counted apart, not as groups of one); fail: the rows
+    --truncated fail ranked as wrong answers."""
+    fail = fail or []
     if context.quiet:
         return
     from rich.table import Table
@@ -389,6 +402,8 @@ def _summary(context, config, a, reward, f1, em, ok, fallback, groups, skipped_f
         t.add_row("flat-outcome groups (advantage 0)", f"{skipped_flat} of {len(members)}")
     if config.truncated == "mask":
         t.add_row("truncated rows (advantage 0)", f"{sum(masked)} of {n}")
+    if config.truncated == "fail":
+        t.add_row("truncated rows (ranked as wrong answers)", f"{sum(fail)} of {n}")
     t.add_row("advantage", "R - mean (no std)" if config.no_std else "(R - mean) / (population std + 1e-6)")
     context.console.print(t)
     if singles:
