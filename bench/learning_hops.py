@@ -52,19 +52,24 @@ def counts(run: Path, steps: range) -> dict:
 PLANNED = re.compile(r"(\d+)-hop question|into (\d+) lookups|has (\d+) links")
 
 
+def search_again(n_search: int, finish_reason: str) -> int:
+    """A trajectory's "search again" choices minus its "answer" choice, both made after an observation
+    (n searches: n - 1 times "again"; answering after at least one search: once "answer")."""
+    return max(n_search - 1, 0) - (finish_reason == "answer" and n_search >= 1)
+
+
 def decisions(run: Path, steps: range) -> list[tuple]:
     """Per step: (step, trajectories at the turn cap, their advantage sum, push on "search again" from
     the cap trajectories, from the others, in all)."""
     from atomcli import tableio
+    from atomcli.agent.episode import MAX_TURNS
     out = []
     for s in steps:
         t = tableio.read_table(str(run / "steps" / f"{s:04d}" / "rewarded.parquet"))
         capped = adv_capped = push_capped = push_other = 0.0
         for r in t.select(["n_search", "advantage", "finish_reason"]).to_pylist():
-            again = max(r["n_search"] - 1, 0)
-            answered = r["finish_reason"] == "answer" and r["n_search"] >= 1
-            push = r["advantage"] * (again - answered)
-            if r["finish_reason"] == "max_turns":
+            push = r["advantage"] * search_again(r["n_search"], r["finish_reason"])
+            if r["finish_reason"] == MAX_TURNS:
                 capped += 1
                 adv_capped += r["advantage"]
                 push_capped += push

@@ -139,7 +139,7 @@ class Episode:
 
 
 # Finish reasons that are a budget running out, not a choice of the policy: the turn cap, and the
-# context cap (no room for the turn, or for another one). aggregate-reward --truncated mask reads them.
+# context cap (no room for the turn, or for another one). aggregate-reward --truncated mask/fail reads them.
 MAX_TURNS = "max_turns"
 LENGTH = "length"
 TRUNCATED = (MAX_TURNS, LENGTH)

@@ -358,7 +358,7 @@ def run(table, config: AggregateConfig, context):
                                    n_turns, alpha=a, gamma=config.gamma, no_std=config.no_std)
         cols["turn_advantages"] = [[0.0] * len(ta) if g in flat else ta for ta, g in zip(turn_adv, groups)]
     _summary(context, config, a, reward, f1, em, ok, [failed[i] and ok[i] for i in range(n)], groups, len(flat),
-             masked, fail)
+             cut)
     return schema.set_columns(table, cols)
 
 
@@ -368,17 +368,15 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
 
 
 def _summary(context, config, a, reward, f1, em, ok, fallback, groups, skipped_flat: int = 0,
-             masked: list[bool] | None = None, fail: list[bool] | None = None) -> None:
-    """masked: the rows --truncated mask left out (counted apart, not as groups of one); fail: the rows
-    --truncated fail ranked as wrong answers."""
-    fail = fail or []
+             cut: list[bool] | None = None) -> None:
+    """cut: the truncated rows --truncated mask|fail treats apart (with mask they are counted, not grouped)."""
     if context.quiet:
         return
     from rich.table import Table
-    masked = masked or [False] * len(reward)
+    cut = cut or [False] * len(reward)
     members: dict = defaultdict(list)
-    for r, g, m in zip(reward, groups, masked):
-        if not m:
+    for r, g, c in zip(reward, groups, cut):
+        if not (c and config.truncated == "mask"):
             members[g].append(r)
     flat = sum(1 for rs in members.values() if len(rs) > 1 and max(rs) == min(rs))
     singles = sum(1 for rs in members.values() if len(rs) == 1)
@@ -400,10 +398,9 @@ def _summary(context, config, a, reward, f1, em, ok, fallback, groups, skipped_f
     t.add_row("zero-variance groups", f"{flat} of {len(members)}" + (" (no learning signal)" if flat else ""))
     if config.flat_outcome == "skip" and config.process != "none":
         t.add_row("flat-outcome groups (advantage 0)", f"{skipped_flat} of {len(members)}")
-    if config.truncated == "mask":
-        t.add_row("truncated rows (advantage 0)", f"{sum(masked)} of {n}")
-    if config.truncated == "fail":
-        t.add_row("truncated rows (ranked as wrong answers)", f"{sum(fail)} of {n}")
+    if config.truncated != "penalty":
+        how = "advantage 0" if config.truncated == "mask" else "ranked as wrong answers"
+        t.add_row(f"truncated rows ({how})", f"{sum(cut)} of {n}")
     t.add_row("advantage", "R - mean (no std)" if config.no_std else "(R - mean) / (population std + 1e-6)")
     context.console.print(t)
     if singles:
