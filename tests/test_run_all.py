@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT, atom
 
 from atomcli import tableio
+from atomcli.errors import InputError
 from atomcli.stages import run_all
 
 TABLES = ["questions", "rollouts", "scored", "rewarded"]
@@ -463,3 +464,17 @@ def test_the_gpu_example_is_a_run_that_follows_its_trainer(tmp_path):
     assert run.follow is not None and run.follow.method.name == "sglang-disk"
     assert run.grpo.lora and run.grpo.gradient_checkpointing and run.save_every == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_max_hops_leaves_harder_questions_out_of_every_step():
+    hops = [1, 2, 3, 4] * 25
+    for curriculum in run_all.CURRICULA:
+        plan = run_all.plan_questions(hops, steps=10, per_step=4, curriculum=curriculum, seed=0, levels=2,
+                                      max_hops=2)
+        assert all(hops[i] <= 2 for p in plan for i in p) and all(len(p) == 4 for p in plan)
+    plan = run_all.plan_questions(hops, steps=10, per_step=4, curriculum="hops", seed=0, levels=2, max_hops=2)
+    flat = [i for p in plan for i in p]
+    assert len(set(flat)) == 40 and {hops[i] for i in flat} == {1, 2}  # both levels, no question twice
+    assert run_all.plan_questions(hops, 10, 4, "hops", 0, 2, max_hops=0) == run_all.plan_questions(hops, 10, 4, "hops", 0, 2)
+    with pytest.raises(InputError, match="max_hops"):
+        run_all.plan_questions([3, 4], steps=1, per_step=1, curriculum="hops", max_hops=2)

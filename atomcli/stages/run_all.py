@@ -68,6 +68,9 @@ class RunAllConfig:
                                   "(seeded order), hops (shuffled; fewest hops first, all hops by the last step)")
     curriculum_levels: int = opt(2, "with curriculum=hops: hop levels admitted at step 1 (then one more at a "
                                     "time, evenly over the steps)")
+    max_hops: int = opt(0, "train only on questions with at most this many hops (0 = every question; evals "
+                           "keep every hop count): leave out what the policy cannot yet answer in its turn "
+                           "budget, which only teaches it to give up early")
     world_style: str = opt("classic", "with --demo: the demo world's style: classic, research (namesakes, "
                                       "longer pages, a research expert, real-text train questions in SFT; "
                                       "not yet measured, issue 20) or stepwise (the classic world, an expert "
@@ -103,16 +106,28 @@ def check_curriculum(name: str) -> None:
 
 
 def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, seed: int = 0,
-                   levels: int = 2) -> list[list[int]]:
+                   levels: int = 2, max_hops: int = 0) -> list[list[int]]:
     """Row indices of the training questions of every step (a pure function: resume redraws the same).
 
     hops: questions are drawn in one seeded shuffled order, never twice before every admitted
     question has been drawn once; step t admits the `levels` lowest hop counts plus one more
     level per equal share of the steps, so the last part of the run sees every hop count.
     Why: a question the policy never solves gives a group of equal rewards and no gradient;
-    starting where the SFT policy sometimes succeeds keeps the groups informative."""
-    n = len(hops)
+    starting where the SFT policy sometimes succeeds keeps the groups informative.
+
+    max_hops > 0: questions with more hops are never drawn, whatever the curriculum. Why: in a group
+    that cannot succeed the only spread left is between samples that gave up early (a wrong answer,
+    reward 0) and samples that kept searching until the turn cap (reward -1), so such a group only
+    teaches the policy to stop searching (LEARNING.md, sessions 17-18)."""
     check_curriculum(curriculum)
+    if max_hops > 0:
+        keep = [i for i, h in enumerate(hops) if h <= max_hops]
+        if not keep:
+            raise InputError(f"no training question has at most {max_hops} hops (max_hops); "
+                             f"the file has {sorted(set(hops))}", hint="raise max_hops or set it to 0")
+        sub = plan_questions([hops[i] for i in keep], steps, per_step, curriculum, seed, levels)
+        return [[keep[j] for j in p] for p in sub]
+    n = len(hops)
     if curriculum == "file":
         return [[(t * per_step + i) % n for i in range(per_step)] for t in range(steps)]
     import random
@@ -162,9 +177,12 @@ DEMO = {
 # classic expert's SFT policy wrote the same hop count for every question, so RL could only shift that
 # count for all questions at once and collapsed to one search; the stepwise SFT is +0.12 F1 over it and
 # its RL steps do not collapse (LEARNING.md, session 16).
+# Training questions have at most 2 hops (max_hops): the stepwise arm was healthy while it trained on 1- and
+# 2-hop questions (steps 1-5) and collapsed to one search once 3- and 4-hop ones came in, whose groups at 4
+# turns can only rank "gave up early" above "searched until the cap" (LEARNING.md, sessions 17-18).
 LEARN = {
     "run-all": {"steps": 10, "questions_per_step": 4, "eval_limit": 0, "eval_every": 5, "eval_base": False,
-                "judge": "heuristic", "curriculum": "hops", "world_style": "stepwise"},
+                "judge": "heuristic", "curriculum": "hops", "max_hops": 2, "world_style": "stepwise"},
     "sft": {**DEMO["sft"], "max_steps": 40, "precision": "bf16"},
     "rollout": {**DEMO["rollout"], "group_size": 8},
     "aggregate-reward": {},
@@ -467,7 +485,7 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
     # with dynamic sampling each step draws its reserve questions up front (a pure plan: resume redraws it)
     per_step = cfg.questions_per_step * (1 + cfg.dynamic_sampling)
     plan = plan_questions(question_hops(train), cfg.steps, per_step, cfg.curriculum, cfg.seed,
-                          cfg.curriculum_levels)
+                          cfg.curriculum_levels, cfg.max_hops)
     from atomcli.engines import policy_sync
     model = policy_sync.trainer_model(cfg.model)  # a local checkpoint; a served policy follows it
     if cfg.eval_base:
