@@ -423,11 +423,12 @@ def test_resident_policy_continues_exactly_like_its_saved_checkpoint(moving_run,
 
 def test_save_every_is_checked_at_start(tmp_path):
     """A negative save_every, or save_every > 1 with a served policy (synced from each checkpoint on disk),
-    is refused before anything is built."""
+    or a negative max_hops, is refused before anything is built."""
     from atomcli.context import Context
     from atomcli.errors import InputError
     served = {"model": "openai:http://127.0.0.1:9/v1#m", "policy_sync": "sglang-disk"}
     for extra, message in (({"save_every": -1}, "save_every must be >= 0"),
+                           ({"max_hops": -1}, "max_hops must be >= 0"),
                            ({**served, "save_every": 2}, "save_every must be 1")):
         cfg = tmp_path / "c.toml"
         cfg.write_text(run_all.to_toml({"run-all": extra}))

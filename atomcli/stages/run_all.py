@@ -280,6 +280,8 @@ class Run:
         self.follow = policy_sync.Follower.for_run(self.cfg.model, self.cfg.policy_sync, lora=self.grpo.lora,
                                                    sft=bool(self.cfg.sft_data), context=context,
                                                    state_dir=out)
+        if self.cfg.max_hops < 0:
+            raise InputError("[run-all] max_hops must be >= 0", hint="0 = every training question")
         if self.cfg.save_every < 0:
             raise InputError("[run-all] save_every must be >= 0", hint="0 = the preset's default (every step)")
         self.save_every = self.cfg.save_every or 1
@@ -469,6 +471,11 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
     # questions: the training set cycles through steps; evals use a fixed slice of the test set
     train = run.read(Path(cfg.train), "rollout")
     test = run.read(Path(cfg.test), "rollout")
+    # with dynamic sampling each step draws its reserve questions up front (a pure plan: resume redraws it);
+    # planned before the folder is marked: a max_hops that no question meets is refused like a bad input
+    per_step = cfg.questions_per_step * (1 + cfg.dynamic_sampling)
+    plan = plan_questions(question_hops(train), cfg.steps, per_step, cfg.curriculum, cfg.seed,
+                          cfg.curriculum_levels, cfg.max_hops)
     # only once the inputs are known good: a refused run leaves the folder empty, so fixing
     # the input and running the same command again works without --resume
     _mark(run_dir, settings)
@@ -482,10 +489,6 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
             transfer = transfer.slice(0, cfg.transfer_limit)
         tableio.write_table(transfer, str(run_dir / "eval" / "transfer" / "questions.parquet"))
 
-    # with dynamic sampling each step draws its reserve questions up front (a pure plan: resume redraws it)
-    per_step = cfg.questions_per_step * (1 + cfg.dynamic_sampling)
-    plan = plan_questions(question_hops(train), cfg.steps, per_step, cfg.curriculum, cfg.seed,
-                          cfg.curriculum_levels, cfg.max_hops)
     from atomcli.engines import policy_sync
     model = policy_sync.trainer_model(cfg.model)  # a local checkpoint; a served policy follows it
     if cfg.eval_base:
