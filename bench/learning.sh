@@ -36,6 +36,7 @@
 #   TRANSFER=0 ...                    # no real-document evals in the arms (add them later with atom eval)
 #   OMP_NUM_THREADS=1 ARMS=a ... & OMP_NUM_THREADS=1 ARMS=b ...   # two arms at once, one core each
 #   STYLE=research RUNS=runs/research ...   # the research-style world (issue 20) for the SFT and every arm
+#   EVAL_EVERY=0 ...                  # the arms evaluate only at the end (the preset: also at step 5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -82,11 +83,11 @@ for arm in $ARMS; do
   dir="$RUNS/$arm"
   mkdir -p "$dir/eval"
   arm_config "$arm" > "$RUNS/$arm.toml"
-  if [[ $TRANSFER == 0 || -n $STYLE ]]; then  # merged, not appended: the arm may have a [run-all] section
-    "$PY" - "$RUNS/$arm.toml" "$TRANSFER" "$STYLE" <<'PYEOF'
+  if [[ $TRANSFER == 0 || -n $STYLE || -n ${EVAL_EVERY:-} ]]; then  # merged, not appended: the arm may have a [run-all] section
+    "$PY" - "$RUNS/$arm.toml" "$TRANSFER" "$STYLE" "${EVAL_EVERY:-}" <<'PYEOF'
 import sys, tomllib
 from atomcli.stages import run_all
-path, transfer, style = sys.argv[1:4]
+path, transfer, style, eval_every = sys.argv[1:5]
 with open(path, "rb") as f:
     cfg = tomllib.load(f)
 ra = cfg.setdefault("run-all", {})
@@ -94,6 +95,8 @@ if transfer == "0":
     ra.update(transfer_test="", transfer_search="")
 if style:
     ra["world_style"] = style
+if eval_every:
+    ra["eval_every"] = int(eval_every)
 open(path, "w").write(run_all.to_toml(cfg))
 PYEOF
   fi
