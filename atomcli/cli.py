@@ -249,7 +249,7 @@ def run_all_cmd(
     demo: Annotated[bool, typer.Option("--demo", help="Everything embedded: demo world, local index, SmolLM2, offline judge.")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="With --demo: a tiny model and a few steps (CI smoke test).")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last complete step in --out.")] = False,
-    preset: Annotated[str, typer.Option("--preset", help="With --demo: `demo` (the ~25-minute tour) or `learn` (the learning study: a 40-step SFT on the stepwise world, 10 GRPO steps, evals on all 100 test questions; ~90-100 min measured on 2 cores, bench/LEARNING.md).")] = "demo",
+    preset: Annotated[str, typer.Option("--preset", help="With --demo: `demo` (the ~25-minute tour) or `learn` (the learning study: a 40-step SFT on the stepwise world, 10 GRPO steps, evals on all 100 test questions; ~90-100 min measured on 2 Intel cores with AMX, about twice that on 2 AMD EPYC cores, bench/LEARNING.md).")] = "demo",
 ):
     """SFT, then N x [rollout -> score-rrm -> aggregate-reward -> grpo-step], with evals; one process."""
     from atomcli.stages import run_all
