@@ -234,7 +234,6 @@ def test_dynamic_sampling_rolls_out_reserve_rounds_when_groups_have_no_signal(tm
 
 def test_world_style_builds_the_research_world_and_refuses_unknown_styles(tmp_path):
     from atomcli.context import Context
-    from atomcli.errors import InputError
     cfg = tmp_path / "style.toml"
     cfg.write_text('[run-all]\nworld_style = "noir"\n')
     with pytest.raises(InputError, match="classic, research"):
@@ -425,7 +424,6 @@ def test_save_every_is_checked_at_start(tmp_path):
     """A negative save_every, or save_every > 1 with a served policy (synced from each checkpoint on disk),
     or a negative max_hops, is refused before anything is built."""
     from atomcli.context import Context
-    from atomcli.errors import InputError
     served = {"model": "openai:http://127.0.0.1:9/v1#m", "policy_sync": "sglang-disk"}
     for extra, message in (({"save_every": -1}, "save_every must be >= 0"),
                            ({"max_hops": -1}, "max_hops must be >= 0"),

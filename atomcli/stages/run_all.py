@@ -116,9 +116,10 @@ def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, 
     starting where the SFT policy sometimes succeeds keeps the groups informative.
 
     max_hops > 0: questions with more hops are never drawn, whatever the curriculum. Why: in a group
-    that cannot succeed the only spread left is between samples that gave up early (a wrong answer,
-    reward 0) and samples that kept searching until the turn cap (reward -1), so such a group only
-    teaches the policy to stop searching (LEARNING.md, sessions 17-18)."""
+    that cannot succeed the only spread left is between samples that gave up early (a wrong answer)
+    and samples that kept searching until the turn cap (reward -1), so such a group only teaches the
+    policy to stop searching (LEARNING.md, session 17; session 18 measured the learn preset with
+    max_hops = 2 and found the collapse unchanged)."""
     check_curriculum(curriculum)
     if max_hops > 0:
         keep = [i for i, h in enumerate(hops) if h <= max_hops]
@@ -275,12 +276,12 @@ class Run:
             plugins.check_search_spec(self.cfg.transfer_search)
         plugins.check_judge_spec(self.cfg.judge)
         check_curriculum(self.cfg.curriculum)  # before SFT, not at step 1
+        if self.cfg.max_hops < 0:
+            raise InputError("[run-all] max_hops must be >= 0", hint="0 = every training question")
         # a served policy follows the trainer (or the run is refused now, before anything is written)
         self.follow = policy_sync.Follower.for_run(self.cfg.model, self.cfg.policy_sync, lora=self.grpo.lora,
                                                    sft=bool(self.cfg.sft_data), context=context,
                                                    state_dir=out)
-        if self.cfg.max_hops < 0:
-            raise InputError("[run-all] max_hops must be >= 0", hint="0 = every training question")
         if self.cfg.save_every < 0:
             raise InputError("[run-all] save_every must be >= 0", hint="0 = the preset's default (every step)")
         self.save_every = self.cfg.save_every or 1
