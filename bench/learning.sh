@@ -73,9 +73,13 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     fused-kl) printf '[grpo-step]\nlr = 1e-05\nbeta = 0.04\n' ;;
     fused-mask) printf '[aggregate-reward]\ntruncated = "mask"\n' ;;
     fused-fail) printf '[aggregate-reward]\ntruncated = "fail"\n' ;;
+    # session 19: the three changes session 18 left for next, together (fail rule, 1-2 hops, each hop count
+    # every step, cooler sampling), with the fused reward and with the outcome alone (the ablation)
+    fail-t07-bal) printf '[run-all]\nmax_hops = 2\ncurriculum = "balanced"\n[aggregate-reward]\ntruncated = "fail"\n[rollout]\ntemperature = 0.7\n' ;;
+    outcome-fail-t07-bal) printf '[run-all]\nmax_hops = 2\ncurriculum = "balanced"\n[aggregate-reward]\nno_atr = true\ntruncated = "fail"\n[rollout]\ntemperature = 0.7\n' ;;
     turns6)  printf '[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n' ;;
     hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, turns6, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, turns6, hf)" >&2; exit 2 ;;
   esac
 }
 

@@ -465,6 +465,22 @@ def test_the_gpu_example_is_a_run_that_follows_its_trainer(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_balanced_curriculum_gives_every_step_each_hop_count():
+    hops = [1] * 30 + [2] * 6 + [3] * 2  # unequal pools: the small ones cycle, the big one does not
+    plan = run_all.plan_questions(hops, steps=5, per_step=4, curriculum="balanced", seed=0, max_hops=2)
+    for p in plan:
+        assert sorted(hops[i] for i in p) == [1, 1, 2, 2]
+    ones = [i for p in plan for i in p if hops[i] == 1]
+    twos = [i for p in plan for i in p if hops[i] == 2]
+    assert len(set(ones)) == 10  # 10 of 30 drawn, none twice
+    assert set(twos) == set(range(30, 36)) and len(twos) == 10  # all 6 drawn before any repeats
+    assert plan == run_all.plan_questions(hops, 5, 4, "balanced", 0, max_hops=2)  # resume redraws it
+    assert plan != run_all.plan_questions(hops, 5, 4, "balanced", 1, max_hops=2)  # the seed matters
+    hops3 = [1, 2, 3] * 4  # more counts than a step has questions: the turn carries over to the next step
+    odd = run_all.plan_questions(hops3, steps=2, per_step=2, curriculum="balanced")
+    assert [sorted(hops3[i] for i in p) for p in odd] == [[1, 2], [1, 3]]
+
+
 def test_max_hops_leaves_harder_questions_out_of_every_step():
     hops = [1, 2, 3, 4] * 25
     for curriculum in run_all.CURRICULA:

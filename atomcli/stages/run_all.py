@@ -65,7 +65,8 @@ class RunAllConfig:
     transfer_search: str = opt("", "search SPEC for transfer_test")
     transfer_limit: int = opt(0, "transfer questions per eval (0 = all)")
     curriculum: str = opt("file", "which training questions each step takes: file (file order), shuffle "
-                                  "(seeded order), hops (shuffled; fewest hops first, all hops by the last step)")
+                                  "(seeded order), hops (shuffled; fewest hops first, all hops by the last step), balanced (shuffled; "
+                                  "every step as many questions of each hop count as it can)")
     curriculum_levels: int = opt(2, "with curriculum=hops: hop levels admitted at step 1 (then one more at a "
                                     "time, evenly over the steps)")
     max_hops: int = opt(0, "train only on questions with at most this many hops (0 = every question; evals "
@@ -85,7 +86,7 @@ class RunAllConfig:
     seed: int = opt(0, "seed for every stage")
 
 
-CURRICULA = ("file", "shuffle", "hops")
+CURRICULA = ("file", "shuffle", "hops", "balanced")
 _HOPS = re.compile(r"(\d+)[ _-]?hop", re.I)
 
 
@@ -135,6 +136,8 @@ def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, 
     order = list(range(n))
     random.Random(seed).shuffle(order)
     tiers = sorted(set(hops))
+    if curriculum == "balanced":
+        return _balanced(hops, order, tiers, steps, per_step)
     plan, used = [], set()
     for t in range(steps):
         if curriculum == "hops":
@@ -149,6 +152,25 @@ def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, 
             used -= set(admitted)
             pick += [i for i in admitted if i not in used and i not in pick][:per_step - len(pick)]
         used |= set(pick)
+        plan.append(pick)
+    return plan
+
+
+def _balanced(hops: list[int], order: list[int], tiers: list[int], steps: int, per_step: int) -> list[list[int]]:
+    """Every step draws from each hop count in turn (1, 2, ..., 1, 2, ...; the first count of step t+1
+    follows the last of step t), each count in its own shuffled order, cycled once used up.
+    Why: with a shuffled draw one step can hold only 1-hop questions, and a step's push on "search
+    again" is then all from groups where searching again is wrong (LEARNING.md, session 18)."""
+    queues = {h: [i for i in order if hops[i] == h] for h in tiers}
+    pos = {h: 0 for h in tiers}
+    plan, k = [], 0
+    for _ in range(steps):
+        pick = []
+        for _ in range(per_step):
+            h = tiers[k % len(tiers)]
+            k += 1
+            pick.append(queues[h][pos[h] % len(queues[h])])
+            pos[h] += 1
         plan.append(pick)
     return plan
 
