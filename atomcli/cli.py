@@ -319,9 +319,10 @@ def demo_world_cmd(
                                                 "NAME (sqlite: SQLite's documentation); the other flags are ignored.")] = None,
     style: Annotated[str, typer.Option("--style", help="classic (the default world and expert), research "
                                        "(namesakes, longer pages, an expert that rewrites queries and browses; "
-                                       "the SFT set adds real-text train questions) or stepwise (the classic world; "
+                                       "the SFT set adds real-text train questions), stepwise (the classic world; "
                                        "an expert that names no hop count and restates the question after each "
-                                       "fact).")] = "classic",
+                                       "fact) or stepwise-real (stepwise plus the SQLite benchmark's passages, "
+                                       "train questions and expert trajectories).")] = "classic",
 ):
     """Write the embedded fictional research world (corpus, questions, SFT set, index)."""
     if real is not None:

@@ -280,3 +280,36 @@ def test_every_question_of_the_world_is_recovered_as_nested_descriptions():
         descs = demo_world.question_descs(q, world)
         assert len(descs) == len(q.chain) and descs[-1] in q.question
         assert all(d in q.question for d in descs)
+
+
+def test_stepwise_real_mixes_the_real_benchmarks_train_part_into_corpus_questions_and_sft(tmp_path):
+    """style "stepwise-real": the stepwise world plus the real benchmark's passages (one index for both), its
+    train split after the demo's train questions, and real-text expert trajectories shuffled into the SFT set;
+    never a test question of the real benchmark."""
+    from atomcli.demo import real_docs
+    out = tmp_path / "mixed"
+    summary = demo_world.main(str(out), seed=0, articles=300, train=60, test=20, sft=30, style="stepwise-real",
+                              context=Context(quiet=True))
+    passages, questions = real_docs.load(demo_world.REAL_MIX)
+    real_train = [q for q in questions if q["split"] == "train"]
+    real_test_ids = {q["id"] for q in questions if q["split"] == "test"}
+    assert summary["real_passages"] == len(passages) and summary["real_train"] == len(real_train)
+    corpus = [json.loads(x) for x in (out / "corpus.jsonl").read_text().splitlines()]
+    assert len(corpus) == summary["articles"] + len(passages)
+    train = [json.loads(x) for x in (out / "train.jsonl").read_text().splitlines()]
+    assert [q["id"] for q in train[-len(real_train):]] == [q["id"] for q in real_train]
+    test_ids = {json.loads(x)["id"] for x in (out / "test.jsonl").read_text().splitlines()}
+    assert not test_ids & real_test_ids
+    rows = pq.read_table(out / "sft.parquet").to_pylist()
+    real_rows = [r for r in rows if r["data_source"].startswith(demo_world.REAL_MIX)]
+    assert len(rows) == 30 + len(real_rows) and len(real_rows) == summary["sft_real"] > len(real_train) // 2
+    assert {r["id"] for r in real_rows} <= {q["id"] for q in real_train}  # train split only
+    first_real = next(i for i, r in enumerate(rows) if r in real_rows)
+    assert first_real < len(rows) - len(real_rows)  # shuffled in, not appended
+    assert schema.provenance(pq.read_table(out / "sft.parquet"))[-1]["config"]["real"] == demo_world.REAL_MIX
+    # the real rows' observations come from this world's own index: their urls resolve in it
+    from atomcli.env import search_local
+    index = search_local.LocalIndex(str(out / "index.sqlite"))
+    urls = {u for r in real_rows for m in r["messages"] for u in re.findall(r"local://doc/[\w%.-]+", m["content"])}
+    assert urls and all(index.read_local(u) is not None for u in urls)
+    index.close()

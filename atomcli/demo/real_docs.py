@@ -92,6 +92,15 @@ def verify(questions: list[dict], corpus: list[dict]) -> list[str]:
     return problems
 
 
+def train_part(name: str) -> tuple[list[dict], list[dict]]:
+    """The passages of benchmark `name` and its train split as FlashRAG rows (never its test split):
+    what a demo world that mixes real text adds to its corpus and train.jsonl ("" = nothing)."""
+    if not name:
+        return [], []
+    corpus, questions = load(name)
+    return corpus, [{k: q[k] for k in FLASHRAG_FIELDS} for q in questions if q["split"] == "train"]
+
+
 def flashrag_row(q: dict) -> dict:
     row = {k: q[k] for k in FLASHRAG_FIELDS}
     row["hops"] = q["hops"]

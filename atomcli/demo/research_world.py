@@ -313,7 +313,7 @@ def main(out: str, *, seed: int, articles: int, train: int, test: int, sft: int,
     """Write the research-style world into `out` (replaced atomically); return a summary."""
     from atomcli import safety, tableio
     from atomcli.context import Context
-    from atomcli.demo import real_sft
+    from atomcli.demo import real_docs, real_sft
     from atomcli.env import search_local
 
     ctx = context or Context(quiet=True)
@@ -323,7 +323,7 @@ def main(out: str, *, seed: int, articles: int, train: int, test: int, sft: int,
     world = build(seed, articles)
     train_q, test_q = dw.split_questions(dw.make_questions(world, train + test, seed), test)
     docs, spans = render(world, seed)
-    real_docs_, real_train = _real_part(real)
+    real_docs_, real_train = real_docs.train_part(real)
     with tableio.atomic_dir(dest) as tmp:
         (tmp / "corpus.jsonl").write_bytes(dw._jsonl(docs + real_docs_))
         (tmp / "train.jsonl").write_bytes(dw._jsonl([q.row() for q in train_q] + real_train))
@@ -348,13 +348,3 @@ def main(out: str, *, seed: int, articles: int, train: int, test: int, sft: int,
     return {"articles": len(docs), "train": len(train_q), "test": len(test_q), "sft": len(rows),
             "sft_demo": len(demo_rows), "sft_real": len(real_rows), "dropped": dropped + real_dropped,
             "real_train": len(real_train), "real_passages": len(real_docs_), "style": "research"}
-
-
-def _real_part(real: str) -> tuple[list[dict], list[dict]]:
-    """The real benchmark's passages and its train split as FlashRAG rows (never its test split)."""
-    if not real:
-        return [], []
-    from atomcli.demo import real_docs
-    corpus, questions = real_docs.load(real)
-    train = [{k: q[k] for k in real_docs.FLASHRAG_FIELDS} for q in questions if q["split"] == "train"]
-    return corpus, train

@@ -41,6 +41,11 @@ session 16). Instead, after each fact it rewrites the question with the fact in 
 question is now: In what year was Rourvre Zetox born?") or says that the fact answers it, so the
 decision to search again or to answer is read off the latest form of the question in the context.
 
+`main(..., style="stepwise-real")` is the stepwise world plus the train part of the real benchmark
+REAL_MIX (issue 20): its passages join the corpus and index, its train questions follow the demo's
+in train.jsonl (so run-all's steps draw both), and `real_sft`'s expert trajectories over them are
+shuffled into the SFT set. Its test split is never read: it stays the transfer benchmark.
+
 `serve(corpus)` serves every article as a small HTML page on a loopback port, so browsing
 over real HTTP can be exercised in tests and demos.
 """
@@ -64,8 +69,10 @@ SYSTEM_DATE = "2026-01-01"
 HOP_WEIGHTS = (0.3, 0.3, 0.25, 0.15)  # share of 1..4-hop questions
 MIN_ARTICLES = 100
 FILES = ("corpus.jsonl", "train.jsonl", "test.jsonl", "index.sqlite", "sft.parquet")
-STYLES = ("classic", "research", "stepwise")  # research: research_world.py; stepwise: this world, the expert
-                                              # rewriting the question after each fact (opt-in; classic is the default)
+STYLES = ("classic", "research", "stepwise", "stepwise-real")  # research: research_world.py; stepwise: this
+# world, the expert rewriting the question after each fact (opt-in; classic is the default); stepwise-real: the
+# stepwise world plus the real benchmark's train part (REAL_MIX: passages, questions, expert trajectories)
+REAL_MIX = "sqlite"
 
 # --- names ---------------------------------------------------------------------------------------
 
@@ -733,6 +740,7 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
     default, "classic", is this module's world, unchanged so that earlier runs reproduce."""
     from atomcli import tableio
     from atomcli.context import Context
+    from atomcli.demo import real_docs, real_sft
     from atomcli.env import search_local
 
     if style not in STYLES:
@@ -741,18 +749,22 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
     if style == "research":
         from atomcli.demo import research_world
         return research_world.main(out, seed=seed, articles=articles, train=train, test=test, sft=sft, context=ctx)
-    stepwise = style == "stepwise"
+    stepwise = style in ("stepwise", "stepwise-real")
+    real = REAL_MIX if style == "stepwise-real" else ""
     check_sizes(articles, train, test, sft)
     dest = Path(out)
     from atomcli import safety
     safety.check_output(dest, safety.DEMO_WORLD)  # never replaces a folder that is not a demo world
     world, train_q, test_q = generate(seed, articles, train, test)
     docs = render_articles(world, seed)
+    # the real part (stepwise-real): one corpus and index for both kinds of question, the real train split
+    # after the demo's in train.jsonl (run-all's steps draw both), the test split never read
+    real_passages, real_train = real_docs.train_part(real)
     config = {"seed": seed, "articles": articles, "train": train, "test": test, "sft": sft, "k": SFT_K,
               "date": SYSTEM_DATE, **({"style": style} if stepwise else {})}  # classic: the bytes it always had
     with tableio.atomic_dir(dest) as tmp:
-        (tmp / "corpus.jsonl").write_bytes(_jsonl(docs))
-        (tmp / "train.jsonl").write_bytes(_jsonl([q.row() for q in train_q]))
+        (tmp / "corpus.jsonl").write_bytes(_jsonl(docs + real_passages))
+        (tmp / "train.jsonl").write_bytes(_jsonl([q.row() for q in train_q] + real_train))
         (tmp / "test.jsonl").write_bytes(_jsonl([q.row() for q in test_q]))
         index = str(tmp / "index.sqlite")
         search_local.build_index(str(tmp / "corpus.jsonl"), index)
@@ -760,13 +772,23 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
         rows, dropped = expert_trajectories(spec, ctx, lambda tools: Expert(tools, world, seed, stepwise=stepwise),
                                             train_q,
                                             lambda q: q.golden_answers, limit=sft)
+        real_rows, real_dropped = real_sft.trajectories(real, seed=seed, context=ctx) if real else ([], 0)
+        if real:
+            rows = rows + real_rows
+            random.Random(f"stepwise-real-mix:{seed}").shuffle(rows)  # SFT batches see both kinds of question
+            config.update(real=real, real_sft=len(real_rows), real_train=len(real_train),
+                          real_passages=len(real_passages))
         (tmp / "sft.parquet").write_bytes(tableio.table_bytes(sft_table(rows, config), "parquet"))
     hops = {f"demo_{h}hop": sum(q.data_source == f"demo_{h}hop" for q in train_q + test_q) for h in (1, 2, 3, 4)}
     ctx.log(f"[green]wrote[/] {out}: {len(docs):,} articles, {len(train_q)} train / {len(test_q)} test questions "
             f"({', '.join(f'{k}: {v}' for k, v in hops.items())}), {len(rows)} SFT trajectories"
-            + (f" ({dropped} expert failures dropped)" if dropped else ""))
+            + (f" ({dropped} expert failures dropped)" if dropped else "")
+            + (f"; + {len(real_passages):,} real ({real}) passages, {len(real_train)} real train questions, "
+               f"{len(real_rows)} real-text SFT trajectories ({real_dropped} dropped)" if real else ""))
     return {"articles": len(docs), "train": len(train_q), "test": len(test_q), "sft": len(rows),
-            "dropped": dropped, "hops": hops}
+            "dropped": dropped + real_dropped, "hops": hops,
+            **({"sft_real": len(real_rows), "real_train": len(real_train), "real_passages": len(real_passages)}
+               if real else {})}
 
 
 

@@ -74,8 +74,10 @@ class RunAllConfig:
                            "budget, which only teaches it to give up early")
     world_style: str = opt("classic", "with --demo: the demo world's style: classic, research (namesakes, "
                                       "longer pages, a research expert, real-text train questions in SFT; "
-                                      "not yet measured, issue 20) or stepwise (the classic world, an expert "
-                                      "that restates the question after each fact instead of counting hops)")
+                                      "not yet measured, issue 20), stepwise (the classic world, an expert "
+                                      "that restates the question after each fact instead of counting hops) or "
+                                      "stepwise-real (stepwise plus the SQLite benchmark's passages, train "
+                                      "questions and expert trajectories in SFT and in the steps)")
     dynamic_sampling: int = opt(0, "DAPO's dynamic sampling: up to N extra rounds per step, each rolling out "
                                    "questions_per_step more questions; groups whose advantages are all 0 are "
                                    "dropped until the step has questions_per_step groups with signal (0 = off)")
