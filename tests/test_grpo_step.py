@@ -338,6 +338,25 @@ def test_lora_steps_continue_the_adapter_and_save_merged_weights(tiny_model, tmp
 
 # --- input checks -------------------------------------------------------------------------------------
 
+def test_temperature_note_says_when_the_ratios_cannot_start_at_one(tiny_model, tok):
+    """Rollouts record old_logprobs under the raw logits: an update at another temperature against them starts
+    with ratios != 1 (measured here: clipped tokens at step 0), one at 1 or with recomputed old log-probs does not."""
+    assert grpo_step.temperature_note(1.0, "rollout") is None
+    assert grpo_step.temperature_note(0.7, "recompute") is None
+    assert "recompute" in grpo_step.temperature_note(0.7, "rollout")
+    table = make_table(tok, n=6)
+    model = load(tiny_model)
+    with torch.no_grad():  # old_logprobs = the raw policy's own log-probs, as a rollout records them
+        old = [plain_logprobs(model, p, c)[0].tolist() for p, c in
+               zip(table.column("prompt_ids").to_pylist(), table.column("completion_ids").to_pylist())]
+    masks = table.column("loss_mask").to_pylist()
+    table = with_column(table, "old_logprobs", [[x if k else 0.0 for x, k in zip(o, m)] for o, m in zip(old, masks)])
+    clip = lambda t, old_lp: (lambda r: r.metrics["clip_low"] + r.metrics["clip_high"])(  # noqa: E731
+        grpo_step.run(table, cfg(tiny_model, lr=1e-9, temperature=t, old_logprobs=old_lp), quiet()))
+    assert clip(1.0, "rollout") == 0 and clip(0.5, "recompute") == 0
+    assert clip(0.5, "rollout") > 0
+
+
 def test_bad_inputs_are_input_errors(tiny_model, tok):
     table = make_table(tok, n=3)
     masks = table.column("loss_mask").to_pylist()

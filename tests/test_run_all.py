@@ -438,20 +438,6 @@ def test_save_every_is_checked_at_start(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_the_update_scores_tokens_at_the_rollouts_temperature_unless_told(tmp_path):
-    """A cooler rollout (temperature 0.7) is scored by grpo-step at 0.7, so the PPO ratios start at 1;
-    an explicit [grpo-step] temperature wins."""
-    from atomcli.context import Context
-    for sections, want in (({"rollout": {"temperature": 0.7}}, 0.7),
-                           ({"rollout": {"temperature": 0.7}, "grpo-step": {"temperature": 1.0}}, 1.0),
-                           ({}, 1.0)):
-        cfg = tmp_path / "c.toml"
-        cfg.write_text(run_all.to_toml(sections))
-        settings = run_all.prepare(tmp_path / "run", True, True, str(cfg), Context(quiet=True), build=False)
-        assert run_all.Run(tmp_path / "run", settings, Context(quiet=True)).grpo.temperature == want
-    assert not (tmp_path / "run").exists()
-
-
 @pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.toml")))
 def test_every_shipped_example_starts_a_demo_run(tmp_path, example):
     """Each examples/*.toml is a --config that `atom run-all --demo` accepts as it says (every section known, every

@@ -71,7 +71,8 @@ class GRPOConfig:
     epochs: int = opt(1, "updates per batch")
     max_grad_norm: float = opt(1.0, "gradient norm clip (0 = no clipping)")
     weight_decay: float = opt(0.0, "AdamW weight decay")
-    temperature: float = opt(1.0, "logits are divided by this; must match the rollout's sampling temperature")
+    temperature: float = opt(1.0, "logits are divided by this; rollouts record old_logprobs at 1 (the raw logits) "
+                                  "whatever they sampled at, so another value needs --old-logprobs recompute")
     old_logprobs: str = opt("rollout", "the ratio's denominator: rollout (the table's old_logprobs) or recompute "
                                        "(the policy's own before this update; for text-only servers' rollouts)")
     precision: str = opt("auto", "mixed precision: bf16 or fp32 (auto: bf16 on a GPU that supports it, else fp32); "
@@ -219,7 +220,9 @@ def run(table, config: GRPOConfig, context):
     policy = (_resident_policy(config, resident) if resident is not None
               else _load_policy(config, checkpoint.read_state(config.model), context, device, context.log))
     model, tok = policy.model, policy.tokenizer
-    _check_tokens(table, batch, model, tok, context.log, config.temperature)
+    _check_tokens(table, batch, model, tok, context.log)
+    if note := temperature_note(config.temperature, config.old_logprobs):
+        context.log(f"[yellow]note:[/] {note}")
 
     loss = loss_settings(config)
     pad_id = tok.pad_token_id or 0
@@ -391,7 +394,19 @@ def _load_policy(config: GRPOConfig, state: dict, context, device, log) -> Polic
                   int(state.get("updates", 0)) if continuing else 0)
 
 
-def _check_tokens(table, batch: Batch, model, tok, log, config_temperature: float = 1.0) -> None:
+def temperature_note(temperature: float, old_logprobs: str) -> str | None:
+    """A note when the ratios cannot start at 1. Rollouts record `old_logprobs` under the raw logits
+    (temperature 1, whatever temperature they sampled at: the HF engine and vLLM alike), so an update that
+    divides the logits by another temperature must recompute them. A rollout sampled at 0.7 and scored at 1
+    is fine: both sides of the ratio are the raw policy."""
+    if old_logprobs == "rollout" and abs(temperature - 1.0) > 1e-9:
+        return (f"--temperature {temperature} divides the logits, but the rollout's old_logprobs are the raw "
+                "logits' (temperature 1), so the ratios do not start at 1: pass --old-logprobs recompute, or "
+                "--temperature 1")
+    return None
+
+
+def _check_tokens(table, batch: Batch, model, tok, log) -> None:
     """The token columns must belong to this model's tokenizer and fit its embedding table."""
     from atomcli import models, schema
     rec = schema.token_source(table)
@@ -406,13 +421,6 @@ def _check_tokens(table, batch: Batch, model, tok, log, config_temperature: floa
     if batch.max_id >= vocab:
         raise InputError(f"token id {batch.max_id} is outside the model's vocabulary ({vocab})",
                          column="completion_ids", hint="the table was made with another model")
-    for rec in reversed(schema.provenance(table)):
-        if rec.get("stage") == "rollout":
-            t = (rec.get("config") or {}).get("temperature")
-            if isinstance(t, (int, float)) and t > 0 and abs(t - config_temperature) > 1e-9:
-                log(f"[yellow]note:[/] the rollout sampled at temperature {t}; pass --temperature {t} "
-                    "so the ratios start at 1")
-            break
 
 
 def prepare_for_training(model, config: GRPOConfig) -> None:

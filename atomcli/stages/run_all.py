@@ -285,11 +285,7 @@ class Run:
         check_aggregate(self.aggregate)  # a bad process/credit fails before SFT, not at step 1
         # [aggregate-reward] process = "ig": score-ig (with each step's policy) replaces score-rrm
         self.ig = cfgmod.build(IGConfig, sec("score-ig"), source="[score-ig]")
-        # the update divides logits by the temperature the rollouts were sampled at (so the PPO ratios start at
-        # 1) unless [grpo-step] says otherwise: a cooler rollout scored at 1.0 clips the negative-advantage
-        # samples' uncertain tokens (their ratio falls below 1 - eps), the very choices RL is meant to move
-        self.grpo = cfgmod.build(GRPOConfig, {"temperature": self.rollout.temperature, **sec("grpo-step"),
-                                              "seed": self.cfg.seed}, source="[grpo-step]")
+        self.grpo = cfgmod.build(GRPOConfig, {**sec("grpo-step"), "seed": self.cfg.seed}, source="[grpo-step]")
         # evals roll out exactly as `atom eval --config FILE` would: the [rollout] settings, then [eval]'s
         self.eval = cfgmod.build(EvalConfig, {**sec("eval"), "search": self.cfg.search, "seed": self.cfg.seed,
                                               "rollout": dict(sec("rollout"))}, source="[eval]")
