@@ -21,7 +21,10 @@
 #      ([aggregate-reward] truncated = "mask": advantage 0, left out of their group's statistics)
 #  10. arm `fused-fail`: the same samples ranked as wrong answers instead ([aggregate-reward] truncated =
 #      "fail": the advantage of an answer with F1 0; the reward column keeps -1)
-#  11. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#  11. arms `fail-t07-bal`, `outcome-fail-t07-bal` (session 19): the fail rule, training on 1- and 2-hop
+#      questions only with each hop count every step ([run-all] max_hops = 2, curriculum = "balanced") and
+#      rollouts at temperature 0.7; the fused and the outcome-only reward
+#  12. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm starts from the same SFT checkpoint, questions, seeds and step count: its run folder is seeded
 # with the shared world/, sft/ and the SFT eval, and run-all --resume skips what exists (the same resume
@@ -36,6 +39,7 @@
 #   TRANSFER=0 ...                    # no real-document evals in the arms (add them later with atom eval)
 #   OMP_NUM_THREADS=1 ARMS=a ... & OMP_NUM_THREADS=1 ARMS=b ...   # two arms at once, one core each
 #   STYLE=research RUNS=runs/research ...   # the research-style world (issue 20) for the SFT and every arm
+#                                     # (also stepwise-real: the stepwise world plus the SQLite train part)
 #   EVAL_EVERY=0 ...                  # the arms evaluate only at the end (the preset: also at step 5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +52,7 @@ atom() { "$PY" -m atomcli "$@"; }
 
 TRANSFER=${TRANSFER:-1}
 NO_TRANSFER='transfer_test = ""\ntransfer_search = ""\n'
-STYLE=${STYLE:-}   # the demo world's style (classic, research, stepwise): SFT and every arm
+STYLE=${STYLE:-}   # the demo world's style (classic, research, stepwise, stepwise-real): SFT and every arm
 STYLE_LINE=""
 [[ -z $STYLE ]] || STYLE_LINE=$(printf 'world_style = "%s"\\n' "$STYLE")
 if [[ -n "${SFT_FROM:-}" ]]; then

@@ -476,6 +476,9 @@ def test_balanced_curriculum_gives_every_step_each_hop_count():
     assert set(twos) == set(range(30, 36)) and len(twos) == 10  # all 6 drawn before any repeats
     assert plan == run_all.plan_questions(hops, 5, 4, "balanced", 0, max_hops=2)  # resume redraws it
     assert plan != run_all.plan_questions(hops, 5, 4, "balanced", 1, max_hops=2)  # the seed matters
+    rare = run_all.plan_questions([1] * 30 + [2], steps=3, per_step=4, curriculum="balanced")
+    for p in rare:  # one 2-hop question: it gives its second turn of a step away instead of repeating
+        assert len(set(p)) == 4 and sorted(([1] * 30 + [2])[i] for i in p) == [1, 1, 1, 2]
     hops3 = [1, 2, 3] * 4  # more counts than a step has questions: the turn carries over to the next step
     odd = run_all.plan_questions(hops3, steps=2, per_step=2, curriculum="balanced")
     assert [sorted(hops3[i] for i in p) for p in odd] == [[1, 2], [1, 3]]

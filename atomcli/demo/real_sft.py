@@ -35,14 +35,20 @@ MAX_SEARCHES = 4
 IDENT_RE = re.compile(r"\b(?:sqlite3_\w+(?:\(\))?|SQLITE_[A-Z0-9_]+|[a-z_]+\(\))")
 
 
-def trajectories(name: str, *, seed: int = 0, context=None) -> tuple[list[dict], int]:
-    """(rows for the train questions the expert solved, how many it dropped)."""
+def trajectories(name: str, *, seed: int = 0, context=None, spec: str = "") -> tuple[list[dict], int]:
+    """(rows for the train questions the expert solved, how many it dropped).
+
+    spec: search the index of a world that holds these passages among others (stepwise-real), so the
+    observations are the ones its rollouts get; "" builds the benchmark's own index."""
     from atomcli.context import Context
     from atomcli.demo import real_docs
 
     ctx = context or Context(quiet=True)
     corpus, questions = real_docs.load(name)
     train = [q for q in questions if q["split"] == "train"]  # never the test split
+    if spec:
+        return world.expert_trajectories(spec, ctx, lambda tools: RealExpert(tools, corpus, seed), train,
+                                         lambda q: q["golden_answers"])
     with tempfile.TemporaryDirectory(prefix="atom-real-sft-") as d:
         out = Path(d) / name
         real_docs.build(name, out)

@@ -43,8 +43,9 @@ decision to search again or to answer is read off the latest form of the questio
 
 `main(..., style="stepwise-real")` is the stepwise world plus the train part of the real benchmark
 REAL_MIX (issue 20): its passages join the corpus and index, its train questions follow the demo's
-in train.jsonl (so run-all's steps draw both), and `real_sft`'s expert trajectories over them are
-shuffled into the SFT set. Its test split is never read: it stays the transfer benchmark.
+in train.jsonl (so run-all's steps draw both under a shuffled curriculum: shuffle, hops, balanced),
+and `real_sft`'s expert trajectories over them, searched in this world's own index, are shuffled
+into the SFT set. Its test split is never read: it stays the transfer benchmark.
 
 `serve(corpus)` serves every article as a small HTML page on a loopback port, so browsing
 over real HTTP can be exercised in tests and demos.
@@ -772,7 +773,8 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
         rows, dropped = expert_trajectories(spec, ctx, lambda tools: Expert(tools, world, seed, stepwise=stepwise),
                                             train_q,
                                             lambda q: q.golden_answers, limit=sft)
-        real_rows, real_dropped = real_sft.trajectories(real, seed=seed, context=ctx) if real else ([], 0)
+        # searched in this world's own index: the observations its rollouts of these questions get
+        real_rows, real_dropped = real_sft.trajectories(real, seed=seed, context=ctx, spec=spec) if real else ([], 0)
         if real:
             rows = rows + real_rows
             random.Random(f"stepwise-real-mix:{seed}").shuffle(rows)  # SFT batches see both kinds of question
@@ -781,7 +783,7 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
         (tmp / "sft.parquet").write_bytes(tableio.table_bytes(sft_table(rows, config), "parquet"))
     hops = {f"demo_{h}hop": sum(q.data_source == f"demo_{h}hop" for q in train_q + test_q) for h in (1, 2, 3, 4)}
     ctx.log(f"[green]wrote[/] {out}: {len(docs):,} articles, {len(train_q)} train / {len(test_q)} test questions "
-            f"({', '.join(f'{k}: {v}' for k, v in hops.items())}), {len(rows)} SFT trajectories"
+            f"({', '.join(f'{k}: {v}' for k, v in hops.items())}), {len(rows) - len(real_rows)} SFT trajectories"
             + (f" ({dropped} expert failures dropped)" if dropped else "")
             + (f"; + {len(real_passages):,} real ({real}) passages, {len(real_train)} real train questions, "
                f"{len(real_rows)} real-text SFT trajectories ({real_dropped} dropped)" if real else ""))

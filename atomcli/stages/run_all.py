@@ -66,7 +66,7 @@ class RunAllConfig:
     transfer_limit: int = opt(0, "transfer questions per eval (0 = all)")
     curriculum: str = opt("file", "which training questions each step takes: file (file order), shuffle "
                                   "(seeded order), hops (shuffled; fewest hops first, all hops by the last step), balanced (shuffled; "
-                                  "every step as many questions of each hop count as it can)")
+                                  "the hop counts take turns, so each gets an equal share of every step)")
     curriculum_levels: int = opt(2, "with curriculum=hops: hop levels admitted at step 1 (then one more at a "
                                     "time, evenly over the steps)")
     max_hops: int = opt(0, "train only on questions with at most this many hops (0 = every question; evals "
@@ -160,18 +160,25 @@ def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, 
 
 def _balanced(hops: list[int], order: list[int], tiers: list[int], steps: int, per_step: int) -> list[list[int]]:
     """Every step draws from each hop count in turn (1, 2, ..., 1, 2, ...; the first count of step t+1
-    follows the last of step t), each count in its own shuffled order, cycled once used up.
-    Why: with a shuffled draw one step can hold only 1-hop questions, and a step's push on "search
-    again" is then all from groups where searching again is wrong (LEARNING.md, session 18)."""
+    follows the last of step t), each count in its own shuffled order, cycled once used up; a count whose
+    next question is already in the step gives its turn to the next count (a step never holds a question
+    twice while the file has enough). Every count gets an equal share of the draws, so a rare count is
+    drawn more often than its share of the file. Why: with a shuffled draw one step can hold only 1-hop
+    questions, and a step's push on "search again" is then all from groups where searching again is
+    wrong (LEARNING.md, session 19)."""
     queues = {h: [i for i in order if hops[i] == h] for h in tiers}
     pos = {h: 0 for h in tiers}
     plan, k = [], 0
     for _ in range(steps):
-        pick = []
-        for _ in range(per_step):
-            h = tiers[k % len(tiers)]
-            k += 1
-            pick.append(queues[h][pos[h] % len(queues[h])])
+        pick: list[int] = []
+        for _ in range(min(per_step, len(hops))):
+            for j in range(len(tiers)):
+                h = tiers[(k + j) % len(tiers)]
+                q = queues[h][pos[h] % len(queues[h])]
+                if q not in pick:
+                    break
+            k += j + 1
+            pick.append(q)
             pos[h] += 1
         plan.append(pick)
     return plan
