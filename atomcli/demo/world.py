@@ -45,7 +45,9 @@ decision to search again or to answer is read off the latest form of the questio
 REAL_MIX (issue 20): its passages join the corpus and index, its train questions follow the demo's
 in train.jsonl (so run-all's steps draw both under a shuffled curriculum: shuffle, hops, balanced),
 and `real_sft`'s expert trajectories over them, searched in this world's own index, are shuffled
-into the SFT set. Its test split is never read: it stays the transfer benchmark.
+into the SFT set. Its test split is never read: it stays the transfer benchmark. The shared index
+changes the demo questions' results too (the real passages shift BM25's statistics and a few rank
+among them): with seed 0, 148 of the 200 demo SFT trajectories differ from stepwise's.
 
 `serve(corpus)` serves every article as a small HTML page on a loopback port, so browsing
 over real HTTP can be exercised in tests and demos.
