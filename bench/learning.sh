@@ -26,6 +26,10 @@
 #      rollouts at temperature 0.7; the fused and the outcome-only reward
 #  12. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
+# Every arm is a TOML layered on the current learn preset: since session 19 the preset itself has the fail rule,
+# the balanced 1-/2-hop draw and rollouts at 0.7, so `fused-fail` and `fail-t07-bal` now equal `fused`, and
+# `outcome-fail-t07-bal` equals `outcome` (kept so that earlier sessions' commands still name their arms).
+#
 # Every arm starts from the same SFT checkpoint, questions, seeds and step count: its run folder is seeded
 # with the shared world/, sft/ and the SFT eval, and run-all --resume skips what exists (the same resume
 # path that continues a killed run, tested in tests/test_run_all.py). Greedy evals of one checkpoint with
