@@ -46,15 +46,16 @@ def trajectories(name: str, *, seed: int = 0, context=None, spec: str = "") -> t
     ctx = context or Context(quiet=True)
     corpus, questions = real_docs.load(name)
     train = [q for q in questions if q["split"] == "train"]  # never the test split
-    if spec:
-        return world.expert_trajectories(spec, ctx, lambda tools: RealExpert(tools, corpus, seed), train,
+    def solve(search_spec: str) -> tuple[list[dict], int]:
+        return world.expert_trajectories(search_spec, ctx, lambda tools: RealExpert(tools, corpus, seed), train,
                                          lambda q: q["golden_answers"])
+
+    if spec:
+        return solve(spec)
     with tempfile.TemporaryDirectory(prefix="atom-real-sft-") as d:
         out = Path(d) / name
         real_docs.build(name, out)
-        return world.expert_trajectories("local:" + str(out / "index.sqlite"), ctx,
-                                         lambda tools: RealExpert(tools, corpus, seed), train,
-                                         lambda q: q["golden_answers"])
+        return solve("local:" + str(out / "index.sqlite"))
 
 
 class RealExpert:

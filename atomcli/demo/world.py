@@ -775,9 +775,9 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
         rows, dropped = expert_trajectories(spec, ctx, lambda tools: Expert(tools, world, seed, stepwise=stepwise),
                                             train_q,
                                             lambda q: q.golden_answers, limit=sft)
-        # searched in this world's own index: the observations its rollouts of these questions get
-        real_rows, real_dropped = real_sft.trajectories(real, seed=seed, context=ctx, spec=spec) if real else ([], 0)
-        if real:
+        real_rows, real_dropped = [], 0
+        if real:  # searched in this world's own index: the observations its rollouts of these questions get
+            real_rows, real_dropped = real_sft.trajectories(real, seed=seed, context=ctx, spec=spec)
             rows = rows + real_rows
             random.Random(f"stepwise-real-mix:{seed}").shuffle(rows)  # SFT batches see both kinds of question
             config.update(real=real, real_sft=len(real_rows), real_train=len(real_train),

@@ -65,8 +65,9 @@ class RunAllConfig:
     transfer_search: str = opt("", "search SPEC for transfer_test")
     transfer_limit: int = opt(0, "transfer questions per eval (0 = all)")
     curriculum: str = opt("file", "which training questions each step takes: file (file order), shuffle "
-                                  "(seeded order), hops (shuffled; fewest hops first, all hops by the last step), balanced (shuffled; "
-                                  "the hop counts take turns, so each gets an equal share of every step)")
+                                  "(seeded order), hops (shuffled; fewest hops first, all hops by the last step), "
+                                  "balanced (shuffled; the hop counts take turns, so each gets an equal share of "
+                                  "every step)")
     curriculum_levels: int = opt(2, "with curriculum=hops: hop levels admitted at step 1 (then one more at a "
                                     "time, evenly over the steps)")
     max_hops: int = opt(0, "train only on questions with at most this many hops (0 = every question; evals "
