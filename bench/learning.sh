@@ -24,7 +24,10 @@
 #  11. arms `fail-t07-bal`, `outcome-fail-t07-bal` (session 19): the fail rule, training on 1- and 2-hop
 #      questions only with each hop count every step ([run-all] max_hops = 2, curriculum = "balanced") and
 #      rollouts at temperature 0.7; the fused and the outcome-only reward
-#  12. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#  12. arms `note`, `outcome-note` (session 20): the preset (fused / outcome-only) with [rollout]
+#      last_turn_note = true: the tool response before the last turn says that turn must answer (in
+#      training rollouts and evals; the arm evaluates the SFT checkpoint itself with the note)
+#  13. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm is a TOML layered on the current learn preset: since session 19 the preset itself has the fail rule,
 # the balanced 1-/2-hop draw and rollouts at 0.7, so `fused-fail` and `fail-t07-bal` now equal `fused`, and
@@ -85,9 +88,13 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     # every step, cooler sampling), with the fused reward and with the outcome alone (the ablation)
     fail-t07-bal) printf '[run-all]\nmax_hops = 2\ncurriculum = "balanced"\n[aggregate-reward]\ntruncated = "fail"\n[rollout]\ntemperature = 0.7\n' ;;
     outcome-fail-t07-bal) printf '[run-all]\nmax_hops = 2\ncurriculum = "balanced"\n[aggregate-reward]\nno_atr = true\ntruncated = "fail"\n[rollout]\ntemperature = 0.7\n' ;;
+    # session 20: the preset with the environment's note before the last turn (rollouts and evals):
+    # the policy can read the turn budget instead of being cut off by it
+    note)    printf '[rollout]\nlast_turn_note = true\n' ;;
+    outcome-note) printf '[aggregate-reward]\nno_atr = true\n[rollout]\nlast_turn_note = true\n' ;;
     turns6)  printf '[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n' ;;
     hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, turns6, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, turns6, hf)" >&2; exit 2 ;;
   esac
 }
 
@@ -115,13 +122,14 @@ PYEOF
   # the shared start: world, SFT checkpoint, the SFT eval's questions and answered table
   [[ -e "$dir/world" ]] || ln -s "$(realpath "$SFT/world")" "$dir/world"
   [[ -e "$dir/sft" ]] || ln -s "$(realpath "$SFT/sft")" "$dir/sft"
-  shared="questions.parquet sft.parquet"
-  # an arm that evaluates differently (turns6: 6 turns instead of 4) evaluates the SFT checkpoint itself
-  [[ $arm == turns6 ]] && shared="questions.parquet"
+  # an arm that evaluates differently (turns6: 6 turns instead of 4; the note arms: the last-turn note)
+  # evaluates the SFT checkpoint itself, with its own settings
+  own=0; [[ $arm == turns6 || $arm == note || $arm == outcome-note ]] && own=1
+  shared="questions.parquet"; [[ $own == 1 ]] || shared="$shared sft.parquet"
   if [[ $TRANSFER != 0 ]]; then
     [[ -e "$dir/real" ]] || ln -s "$(realpath "$SFT/real")" "$dir/real"
     mkdir -p "$dir/eval/transfer"
-    shared="$shared transfer/questions.parquet transfer/sft.parquet"
+    shared="$shared transfer/questions.parquet"; [[ $own == 1 ]] || shared="$shared transfer/sft.parquet"
   fi
   for f in $shared; do
     [[ -e "$dir/eval/$f" ]] || cp "$SFT/eval/$f" "$dir/eval/$f"

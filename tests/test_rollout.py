@@ -276,6 +276,24 @@ def test_max_turns_does_not_run_the_last_call(loaded, index):
     assert row["messages"][-1]["role"] == "assistant"
 
 
+def test_last_turn_note_comes_before_the_last_turn_only(loaded, index):
+    note = agent_format.LAST_TURN_NOTE
+    table, policy, tok = scripted_run(loaded, index, SCRIPT[:2] + SCRIPT[-1:], max_turns=3, last_turn_note=True)
+    row = table.to_pylist()[0]
+    check_row(row, policy, tok)  # the note is environment text: mask 0, tokens as the template renders them
+    tools = [m["content"] for m in row["messages"] if m["role"] == "tool"]
+    assert [t.endswith("</tool_response>\n" + note) for t in tools] == [False, True]
+    assert (row["finish_reason"], row["answer"]) == ("answer", "Paris")
+    # the same script without the note: no message carries it
+    table, *_ = scripted_run(loaded, index, SCRIPT[:2] + SCRIPT[-1:], max_turns=3)
+    assert not any(note in (m["content"] or "") for m in table.to_pylist()[0]["messages"])
+    # a one-turn budget: the question itself carries it
+    table, policy, tok = scripted_run(loaded, index, SCRIPT[-1:], max_turns=1, last_turn_note=True)
+    row = table.to_pylist()[0]
+    check_row(row, policy, tok)
+    assert row["messages"][1]["content"].endswith("\n" + note) and row["answer"] == "Paris"
+
+
 def test_context_cap_ends_with_length(loaded, index):
     ctx, model, tok = loaded
     prompt = len(tok(tok.apply_chat_template(

@@ -156,6 +156,11 @@ class Sampling:
     seed: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
+    last_turn_note: bool = False  # tell the policy, before its last turn, that it must answer
+
+    def is_last(self, turn: int) -> bool:
+        """Whether the note goes before turn `turn` (1-based): the cap's turn, with the note on."""
+        return self.last_turn_note and turn == self.max_turns
 
 
 class Agent:
@@ -167,7 +172,7 @@ class Agent:
 
     def start(self, ep: Episode, question: str) -> None:
         ep.messages = [{"role": "system", "content": self.system},
-                       {"role": "user", "content": agent_format.user_message(question)}]
+                       {"role": "user", "content": agent_format.user_message(question, self.cfg.is_last(1))}]
         ep.text = self.chat.render(ep.messages, open_turn=True)
         ep.prompt_ids = self.chat.encode(ep.text)
         if ep.n_tokens >= self.max_context:
@@ -245,7 +250,8 @@ class Agent:
             "ok": bool(result.ok), "error": result.error, "cached": bool(result.cached),
             "seconds": float(result.seconds)})
         ep.pending = None
-        msgs = ep.messages + [{"role": "tool", "content": agent_format.tool_message(result.observation)}]
+        last = self.cfg.is_last(ep.n_turns + 1)
+        msgs = ep.messages + [{"role": "tool", "content": agent_format.tool_message(result.observation, last)}]
         try:
             closed, glue = self.chat.extend(ep.text, msgs)
             opened, opening = self.chat.extend(closed, msgs, open_turn=True)

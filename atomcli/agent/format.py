@@ -51,8 +51,9 @@ def system_prompt(date: str = "", template: str = "") -> str:
     return tpl.replace("{date}", date).replace("{tools}", tools_text())
 
 
-def user_message(question: str) -> str:
-    return f"Question: {question}"
+def user_message(question: str, last_turn: bool = False) -> str:
+    """The question; `last_turn` (a one-turn budget with the note on) adds LAST_TURN_NOTE."""
+    return f"Question: {question}\n{LAST_TURN_NOTE}" if last_turn else f"Question: {question}"
 
 
 # Tool output is untrusted data. Chat templates' control tokens written as text (ChatML's
@@ -67,8 +68,16 @@ def neutralize(text: str) -> str:
     return _CONTROL_RE.sub("< ", text) if isinstance(text, str) else ""
 
 
-def tool_message(observation: str) -> str:
-    return f"<tool_response>\n{neutralize(observation)}\n</tool_response>"
+# The environment's word on the turn budget (rollout --last-turn-note), after the tool response
+# that opens the last turn: without it the policy cannot know the cap and an episode still
+# searching when the cap comes ends unanswered (learning study, session 20).
+LAST_TURN_NOTE = "This is your last turn: give your answer now."
+
+
+def tool_message(observation: str, last_turn: bool = False) -> str:
+    """The tool response as the policy reads it; `last_turn` adds LAST_TURN_NOTE after it."""
+    text = f"<tool_response>\n{neutralize(observation)}\n</tool_response>"
+    return f"{text}\n{LAST_TURN_NOTE}" if last_turn else text
 
 
 # --- parsing ------------------------------------------------------------------------------------
