@@ -52,7 +52,7 @@ COLUMNS: dict[str, Column] = {c.name: c for c in [
            "policy loaded in-process (`policy` names its checkpoint)"),
     Column("messages", pa.list_(MESSAGE), "rollout", "system, user, assistant and tool turns"),
     Column("answer", pa.string(), "rollout", "text inside the final <answer>, null if none"),
-    Column("finish_reason", pa.string(), "rollout", "answer | max_turns | length | error"),
+    Column("finish_reason", pa.string(), "rollout", "answer | forced_answer | max_turns | length | error"),
     Column("format_ok", pa.bool_(), "rollout", "every turn well formed and ends with an answer"),
     Column("n_turns", pa.int32(), "rollout", "assistant turns"),
     Column("n_search", pa.int32(), "rollout", "web_search calls"),

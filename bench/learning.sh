@@ -27,7 +27,9 @@
 #  12. arms `note`, `outcome-note` (session 20): the preset (fused / outcome-only) with [rollout]
 #      last_turn_note = true: the tool response before the last turn says that turn must answer (in
 #      training rollouts and evals; the arm evaluates the SFT checkpoint itself with the note)
-#  13. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#  13. arms `force`, `outcome-force`: the note, and a last turn that still calls a tool is followed by one
+#      forced answer turn ([rollout] force_answer = true): no sample ends unanswered at the turn cap
+#  14. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm is a TOML layered on the current learn preset: since session 19 the preset itself has the fail rule,
 # the balanced 1-/2-hop draw and rollouts at 0.7, so `fused-fail` and `fail-t07-bal` now equal `fused`, and
@@ -92,9 +94,12 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     # the policy can read the turn budget instead of being cut off by it
     note)    printf '[rollout]\nlast_turn_note = true\n' ;;
     outcome-note) printf '[aggregate-reward]\nno_atr = true\n[rollout]\nlast_turn_note = true\n' ;;
+    # a last turn that still calls a tool is followed by a forced answer turn (no sample ends unanswered)
+    force)   printf '[rollout]\nlast_turn_note = true\nforce_answer = true\n' ;;
+    outcome-force) printf '[aggregate-reward]\nno_atr = true\n[rollout]\nlast_turn_note = true\nforce_answer = true\n' ;;
     turns6)  printf '[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n' ;;
     hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, turns6, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, turns6, hf)" >&2; exit 2 ;;
   esac
 }
 
@@ -124,7 +129,7 @@ PYEOF
   [[ -e "$dir/sft" ]] || ln -s "$(realpath "$SFT/sft")" "$dir/sft"
   # an arm that evaluates differently (turns6: 6 turns instead of 4; the note arms: the last-turn note)
   # evaluates the SFT checkpoint itself, with its own settings
-  own=0; [[ $arm == turns6 || $arm == note || $arm == outcome-note ]] && own=1
+  own=0; [[ $arm == turns6 || $arm == *note || $arm == *force ]] && own=1
   shared="questions.parquet"; [[ $own == 1 ]] || shared="$shared sft.parquet"
   if [[ $TRANSFER != 0 ]]; then
     [[ -e "$dir/real" ]] || ln -s "$(realpath "$SFT/real")" "$dir/real"

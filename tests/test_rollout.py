@@ -23,6 +23,7 @@ from conftest import atom
 
 from atomcli import plugins, schema
 from atomcli.agent import episode
+from atomcli.agent.episode import FORCED_ANSWER
 from atomcli.agent import format as agent_format
 from atomcli.context import Context
 from atomcli.errors import InputError
@@ -106,8 +107,13 @@ def check_row(row: dict, model, tok) -> None:
     assistants = [x["content"] for x in row["messages"] if x["role"] == "assistant"]
     sampled = [(s, e) for v, s, e in runs(m) if v == 1]
     assert len(sampled) == len(assistants) == row["n_turns"]
-    for (s, e), content in zip(sampled, assistants):
+    for k, ((s, e), content) in enumerate(zip(sampled, assistants)):
         text = decode(c[s:e])
+        if row["finish_reason"] == FORCED_ANSWER and k == len(assistants) - 1:
+            # a forced answer turn: the environment wrote its head (mask 0), the policy the rest
+            head = agent_format.forced_answer_head()
+            assert content.startswith(head) and decode(c[:s]).endswith(head) and m[s - 1] == 0
+            content = content[len(head):]
         assert text == content or (c[e - 1] == tok.eos_token_id and text == content + tok.eos_token)
     # tool responses arrive only under mask 0
     glue = [decode(c[s:e]) for v, s, e in runs(m) if v == 0]
@@ -292,6 +298,30 @@ def test_last_turn_note_comes_before_the_last_turn_only(loaded, index):
     row = table.to_pylist()[0]
     check_row(row, policy, tok)
     assert row["messages"][1]["content"].endswith("\n" + note) and row["answer"] == "Paris"
+
+
+def test_force_answer_after_a_last_turn_that_calls_a_tool(loaded, index):
+    head = agent_format.forced_answer_head()
+    table, policy, tok = scripted_run(loaded, index, SCRIPT[:2] + [head + "Paris</answer>"], max_turns=2,
+                                      force_answer=True)
+    row = table.to_pylist()[0]
+    check_row(row, policy, tok)  # token columns, masks and log-probs exact; the head is mask 0
+    assert (row["finish_reason"], row["answer"], row["n_turns"], row["format_ok"]) == (
+        FORCED_ANSWER, "Paris", 3, True)
+    assert [c["name"] for c in row["tool_calls"]] == ["web_search"]  # the last turn's call was not run
+    assert [m["role"] for m in row["messages"]] == ["system", "user"] + ["assistant", "tool"] * 2 + ["assistant"]
+    assert row["messages"][-2]["content"] == agent_format.tool_message(agent_format.NOT_RUN, last_turn=True)
+    assert row["messages"][-1]["content"] == head + "Paris</answer>"
+    # a last turn that answers on its own is untouched
+    table, policy, tok = scripted_run(loaded, index, SCRIPT[:1] + SCRIPT[-1:], max_turns=2, force_answer=True)
+    row = table.to_pylist()[0]
+    check_row(row, policy, tok)
+    assert (row["finish_reason"], row["answer"], row["n_turns"]) == ("answer", "Paris", 2)
+    # a forced turn that does not close its answer ends at the cap, unanswered
+    table, policy, tok = scripted_run(loaded, index, SCRIPT[:2] + [head + "Paris"], max_turns=2,
+                                      force_answer=True)
+    row = table.to_pylist()[0]
+    assert (row["finish_reason"], row["answer"], row["n_turns"]) == ("max_turns", None, 3)
 
 
 def test_context_cap_ends_with_length(loaded, index):

@@ -108,6 +108,30 @@ def test_turn_ig_matches_a_direct_forward_pass(tiny_model, tok, model, reuse_pre
     assert out["ig"] == pytest.approx(v[2] - v[0], **tol)  # the gains telescope
 
 
+def test_a_forced_answer_turn_is_scored_after_its_context_not_its_head(tiny_model, tok, model):
+    """rollout --force-answer writes the answer turn's head (mask 0): the context before that turn ends before it."""
+    row = two_turn_row(tok)
+    head = agent_format.forced_answer_head()
+    n_head = len(enc(tok, head))
+    turn2 = "Ana Berg</answer>"
+    p, c, m = row["prompt_ids"], row["completion_ids"], row["loss_mask"]
+    second = m.index(1, m.index(0))
+    comp = c[:second] + enc(tok, head) + enc(tok, turn2 + "<|im_end|>")
+    mask = m[:second] + [0] * n_head + [1] * (len(comp) - second - n_head)
+    messages = row["messages"][:-1] + [{"role": "assistant", "content": head + turn2}]
+    forced = {**row, "completion_ids": comp, "loss_mask": mask, "messages": messages, "finish_reason": "forced_answer"}
+    ctxs = [p, p + c[:second], p + comp + enc(tok, "\n<|im_start|>assistant\n")]
+    v = [direct_score(model, tok, ctx, "Ana Berg") for ctx in ctxs]
+    out = score_ig.run(make_table(tok, [forced], str(tiny_model)), score_ig.IGConfig(ig="logprob"),
+                       quiet()).to_pylist()[0]
+    assert out["ig_error"] is None
+    assert out["turn_ig"] == pytest.approx([v[1] - v[0], v[2] - v[1]], rel=1e-4, abs=1e-5)
+    # the same row read as an ordinary answer turn puts the head inside turn 1's context: a different number
+    plain = score_ig.run(make_table(tok, [{**forced, "finish_reason": "answer"}], str(tiny_model)),
+                         score_ig.IGConfig(ig="logprob"), quiet()).to_pylist()[0]
+    assert abs(plain["turn_ig"][0] - out["turn_ig"][0]) > 1e-4
+
+
 def test_the_best_alias_counts_per_context(tiny_model, tok, model):
     golden = ("Ana Berg", "A. Berg", "Berg")
     row = two_turn_row(tok, golden)

@@ -119,6 +119,7 @@ class Episode:
     error: str | None = None  # why an `error` episode ended (logged; there is no column for it)
     pending: object = None  # the ToolCall waiting for its observation
     reopen: tuple | None = None  # (tokens, text) before the last turn opening, to undo it on error
+    head: str = ""  # text the environment wrote at the start of the open assistant turn (a forced answer's)
 
     @property
     def traj_id(self) -> str:
@@ -143,6 +144,9 @@ class Episode:
 MAX_TURNS = "max_turns"
 LENGTH = "length"
 TRUNCATED = (MAX_TURNS, LENGTH)
+# An answer the environment asked for after the last turn still called a tool (rollout --force-answer):
+# scored like any answer, counted apart.
+FORCED_ANSWER = "forced_answer"
 
 NO_ACTION = ("the turn ended without <tool_call>…</tool_call> or <answer>…</answer>; think inside "
              "<think></think>, then call one tool or give the answer")
@@ -157,6 +161,7 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     last_turn_note: bool = False  # tell the policy, before its last turn, that it must answer
+    force_answer: bool = False    # a last turn that still calls a tool is followed by a forced answer turn
 
     def is_last(self, turn: int) -> bool:
         """Whether the note goes before turn `turn` (1-based): the cap's turn, with the note on."""
@@ -194,11 +199,11 @@ class Agent:
             ep.error = res.error
             ep.finish("error")
             return
-        before = ep.text
+        before = ep.text[:len(ep.text) - len(ep.head)]  # the turn's content starts with a forced head
         ep.add(res.ids, 1, res.logprobs)
         ep.n_turns += 1
         full = self.chat.decode(ep.prompt_ids + ep.completion_ids)
-        seg = full[len(before):] if full.startswith(before) else self.chat.decode(res.ids)
+        seg = full[len(before):] if full.startswith(before) else ep.head + self.chat.decode(res.ids)
         sampled_text = before + seg
         # content = the text of the sampled ids, minus an end-of-turn token the template writes
         contents = [seg]
@@ -223,10 +228,12 @@ class Agent:
         turn = agent_format.parse_turn(content)
         if turn.answer is not None:
             ep.answer = turn.answer
-            return self._close(ep, closed, "answer")
+            return self._close(ep, closed, FORCED_ANSWER if ep.head else "answer")
         if res.stop == "length" and budget < self.cfg.max_new_tokens:
             return self._close(ep, closed, LENGTH)  # the context cap cut this turn
         if ep.n_turns >= self.cfg.max_turns:
+            if self.cfg.force_answer and not ep.head:
+                return self._force(ep, closed, msgs)
             return self._close(ep, closed, MAX_TURNS)
         if turn.tool_call is not None:
             ep.pending = turn.tool_call
@@ -240,6 +247,28 @@ class Agent:
         ep.add(self.chat.encode(closed[len(ep.text):]), 0)
         ep.text = closed
         ep.finish(reason)
+
+    def _force(self, ep: Episode, closed: str, msgs: list[dict]) -> None:
+        """The last turn called a tool: the call is not run; the environment says so and opens one more
+        turn with the answer begun for the policy (`agent.format.forced_answer_head`, mask 0), so the
+        episode ends on an answer the policy writes, not on the cap. It ends with `max_turns` as
+        before when there is no room for that turn."""
+        msgs = msgs + [{"role": "tool", "content": agent_format.tool_message(agent_format.NOT_RUN, True)}]
+        try:
+            with_tool, glue = self.chat.extend(closed, msgs)
+            opened, opening = self.chat.extend(with_tool, msgs, open_turn=True)
+        except TemplateError:
+            return self._close(ep, closed, MAX_TURNS)
+        head = agent_format.forced_answer_head()
+        end, glue_ids = self.chat.encode(closed[len(ep.text):]), self.chat.encode(glue)
+        rest = self.chat.encode(opening) + self.chat.encode(head)
+        if ep.n_tokens + len(end) + len(glue_ids) + len(rest) >= self.max_context:
+            return self._close(ep, closed, MAX_TURNS)
+        ep.messages = msgs
+        ep.add(end + glue_ids, 0)
+        ep.reopen = (len(ep.completion_ids), with_tool)  # an engine error ends it on the tool message
+        ep.add(rest, 0)
+        ep.text, ep.head = opened + head, head
 
     def observe(self, ep: Episode, call, result) -> None:
         """Append the tool message (glue, mask 0) and, when there is room, the next turn's opening."""

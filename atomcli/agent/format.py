@@ -72,6 +72,8 @@ def neutralize(text: str) -> str:
 # that opens the last turn: without it the policy cannot know the cap and an episode still
 # searching when the cap comes ends unanswered (learning study, session 20).
 LAST_TURN_NOTE = "This is your last turn: give your answer now."
+# What rollout --force-answer says when the last turn still called a tool.
+NOT_RUN = "No turns are left: this call was not run."
 
 
 def tool_message(observation: str, last_turn: bool = False) -> str:
@@ -239,12 +241,18 @@ def atomic_thoughts(text: str) -> list[tuple[str, str]]:
 FORCED_ANSWER_THOUGHT = "<REFLECTION>I have enough information to answer.</REFLECTION>"
 
 
+def forced_answer_head() -> str:
+    """The start of a forced answer turn: the thought closed and the answer tag opened. score-ig
+    teacher-forces it before the golden answer; rollout --force-answer writes it for the policy."""
+    return f"<think>{FORCED_ANSWER_THOUGHT}</think><answer>"
+
+
 def forced_answer_turn(answer: str) -> tuple[str, tuple[int, int]]:
     """A well-formed answer turn, `<think>…</think><answer>ANSWER</answer>`, and the character span of ANSWER in it.
 
     It is what the policy writes after an assistant turn opens (the template's end-of-turn
     text follows it): the thought is closed, the answer tag opened, the answer, the tag closed."""
-    head = f"<think>{FORCED_ANSWER_THOUGHT}</think><answer>"
+    head = forced_answer_head()
     return f"{head}{answer}</answer>", (len(head), len(head) + len(answer))
 
 

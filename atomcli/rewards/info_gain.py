@@ -115,13 +115,18 @@ class Job:
     answers: list[Forced]
 
 
-def contexts(prompt_ids: list[int], completion_ids: list[int], loss_mask: list[int], tail: list[int]
-             ) -> tuple[list[int], list[int]]:
-    """(sequence, context ends) of a trajectory: ends[0] is the prompt, ends[t] follows turn t."""
+def contexts(prompt_ids: list[int], completion_ids: list[int], loss_mask: list[int], tail: list[int],
+             head: int = 0) -> tuple[list[int], list[int]]:
+    """(sequence, context ends) of a trajectory: ends[0] is the prompt, ends[t] follows turn t.
+
+    head: tokens the environment wrote at the start of the last turn (a forced answer's head);
+    the context before that turn ends before them."""
     spans = turn_spans(loss_mask)
     p = len(prompt_ids)
     ids = list(prompt_ids) + list(completion_ids)
     ends = [p] + [p + spans[k + 1][0] for k in range(len(spans) - 1)]
+    if head and len(spans) >= 2:
+        ends[-1] -= head
     if spans:
         ids += list(tail)
         ends.append(len(ids))

@@ -29,7 +29,11 @@ gets an error observation the model can recover from and is recorded in `tool_ca
 After `max_turns` turns without an answer the episode ends (`max_turns`; that last turn's call
 is not run). With `--last-turn-note` the tool response before the last turn ends with
 `agent.format.LAST_TURN_NOTE` (this turn must answer): the cap is then a rule the policy can
-read, not one it discovers only by being cut off. When the context cap leaves no room for another turn, or the cap cuts a turn,
+read, not one it discovers only by being cut off. With `--force-answer` a last turn that still
+calls a tool is followed by one more turn that the environment opens with the answer begun
+(`agent.format.forced_answer_head`, the same head `score-ig` teacher-forces); the policy
+writes the answer and the episode ends with `forced_answer` (scored like any answer), or with
+`max_turns` when that turn does not close the answer. When the context cap leaves no room for another turn, or the cap cuts a turn,
 it ends with `length`; an engine failure for one trajectory ends it with `error`.
 
 Served policies: with `--policy-version V` (and `--policy-sync M`, the method that says how to ask
@@ -66,6 +70,10 @@ class RolloutConfig:
     max_turns: int = opt(10, "assistant turns before the episode ends with finish_reason=max_turns")
     last_turn_note: bool = opt(False, "tell the agent its budget: the tool response before its last turn (the "
                                       "question, with --max-turns 1) ends with a note that this turn must answer")
+    force_answer: bool = opt(False, "a last turn that still calls a tool does not end the episode unanswered: the "
+                                    "call is not run, the environment says so (with the last-turn note) and opens "
+                                    "one more turn with <think>...</think><answer> written, and the policy writes "
+                                    "the answer (finish_reason forced_answer)")
     max_new_tokens: int = opt(512, "token cap per assistant turn")
     max_context: int = opt(8192, "token cap for the whole trajectory")
     temperature: float = opt(1.0, "sampling temperature (0 = greedy)")
@@ -227,7 +235,7 @@ def run(table, config: RolloutConfig, context, *, done_groups=frozenset(), sink=
         if engine.max_positions:
             max_ctx = min(max_ctx, engine.max_positions)
         agent = Agent(Sampling(config.max_new_tokens, config.max_turns, config.seed, config.temperature,
-                               config.top_p, config.last_turn_note), chat, system, max_ctx)
+                               config.top_p, config.last_turn_note, config.force_answer), chat, system, max_ctx)
         episodes = [Episode(r, gids[r], s) for r in rows for s in range(config.group_size)]
         with Monitor(context, len(rows), len(episodes)) as monitor:
             _loop(agent, engine, toolbox, episodes, questions, config, monitor, table, sink)

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from rich.markup import escape
 
 from atomcli import schema, stats
-from atomcli.agent.episode import Chat, turn_spans
+from atomcli.agent import format as agent_format
+from atomcli.agent.episode import FORCED_ANSWER, Chat, turn_spans
 from atomcli.config import opt
 from atomcli.errors import InputError, unknown_choice
 from atomcli.rewards import info_gain
@@ -128,7 +129,8 @@ def run(table, config: IGConfig, context):
         for start in range(0, table.num_rows, CHUNK):
             part = table.slice(start, CHUNK)
             cols = {c: part.column(c).to_pylist() if c in part.column_names else [None] * part.num_rows
-                    for c in ("prompt_ids", "completion_ids", "loss_mask", "golden_answers", "messages", "n_turns")}
+                    for c in ("prompt_ids", "completion_ids", "loss_mask", "golden_answers", "messages", "n_turns",
+                              "finish_reason")}
             jobs, where, row_err = [], {}, {}
             for i in range(part.num_rows):
                 try:
@@ -173,7 +175,10 @@ def _job(chat, tok, template, row: dict):
         raise ValueError(f"`loss_mask` has {n_runs} runs of sampled tokens but `n_turns` is {row['n_turns']}: "
                          "the turns cannot be told apart")
     tail = info_gain.tail_ids(chat, list(prompt) + list(comp), row["messages"], template) if n_runs else []
-    ids, ends = info_gain.contexts(prompt, comp, mask, tail)
+    # a forced answer turn (rollout --force-answer) starts with the head the environment wrote: the
+    # context before it ends before that head, as every other turn's ends at its opening
+    head = len(chat.encode(agent_format.forced_answer_head())) if row.get("finish_reason") == FORCED_ANSWER else 0
+    ids, ends = info_gain.contexts(prompt, comp, mask, tail, head=head)
     return info_gain.Job(ids, ends, answers)
 
 
