@@ -29,7 +29,11 @@
 #      training rollouts and evals; the arm evaluates the SFT checkpoint itself with the note)
 #  13. arms `force`, `outcome-force`: the note, and a last turn that still calls a tool is followed by one
 #      forced answer turn ([rollout] force_answer = true): no sample ends unanswered at the turn cap
-#  14. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#  14. arm `ig-turn-const` (session 21): the preset with information gain as the process reward and per-turn
+#      credit (IGPO), its weight held at alpha = 0.5 every step ([aggregate-reward] schedule = "constant"):
+#      the "search again" turn of a 2-hop question earns what its search adds to the golden answer's
+#      probability, a 1-hop sample's extra search earns ~0, so the two contexts get different credit
+#  15. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm is a TOML layered on the current learn preset: since session 19 the preset itself has the fail rule,
 # the balanced 1-/2-hop draw and rollouts at 0.7, so `fused-fail` and `fail-t07-bal` now equal `fused`, and
@@ -80,6 +84,7 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     fused)   echo "" ;;
     outcome) printf '[aggregate-reward]\nno_atr = true\n' ;;
     fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n' ;;
+    ig-turn-const) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\nschedule = "constant"\n[score-ig]\nprecision = "bf16"\n' ;;
     ig-turn) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\n[score-ig]\nprecision = "bf16"\n' ;;
     t07-fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n[rollout]\ntemperature = 0.7\n' ;;
     t07-outcome) printf '[aggregate-reward]\nno_atr = true\n[rollout]\ntemperature = 0.7\n' ;;
@@ -99,7 +104,7 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     outcome-force) printf '[aggregate-reward]\nno_atr = true\n[rollout]\nlast_turn_note = true\nforce_answer = true\n' ;;
     turns6)  printf '[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n' ;;
     hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, turns6, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, ig-turn-const, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, turns6, hf)" >&2; exit 2 ;;
   esac
 }
 

@@ -324,6 +324,23 @@ def test_force_answer_after_a_last_turn_that_calls_a_tool(loaded, index):
     assert (row["finish_reason"], row["answer"], row["n_turns"]) == ("max_turns", None, 3)
 
 
+def test_force_answer_without_room_ends_with_length_on_the_tool_message(loaded, index):
+    head = agent_format.forced_answer_head()
+    turns = SCRIPT[:2] + [head + "Paris</answer>"]
+    table, policy, tok = scripted_run(loaded, index, turns, max_turns=2, force_answer=True)
+    row = table.to_pylist()[0]
+    mask = row["loss_mask"]
+    last_run = max(i for i in range(len(mask)) if mask[i] == 1 and (i == 0 or mask[i - 1] == 0))
+    # the forced turn's opening and head end exactly at the cap: no room for the policy's answer
+    table, policy, tok = scripted_run(loaded, index, turns, max_turns=2, force_answer=True,
+                                      max_context=len(row["prompt_ids"]) + last_run)
+    row = table.to_pylist()[0]
+    check_row(row, policy, tok)
+    assert (row["finish_reason"], row["answer"], row["n_turns"]) == ("length", None, 2)
+    last = row["messages"][-1]
+    assert (last["role"], last["content"]) == ("tool", agent_format.tool_message(agent_format.NOT_RUN, True))
+
+
 def test_context_cap_ends_with_length(loaded, index):
     ctx, model, tok = loaded
     prompt = len(tok(tok.apply_chat_template(

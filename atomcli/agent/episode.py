@@ -233,7 +233,7 @@ class Agent:
             return self._close(ep, closed, LENGTH)  # the context cap cut this turn
         if ep.n_turns >= self.cfg.max_turns:
             if self.cfg.force_answer and not ep.head:
-                return self._force(ep, closed, msgs)
+                return self._force(ep)
             return self._close(ep, closed, MAX_TURNS)
         if turn.tool_call is not None:
             ep.pending = turn.tool_call
@@ -248,27 +248,13 @@ class Agent:
         ep.text = closed
         ep.finish(reason)
 
-    def _force(self, ep: Episode, closed: str, msgs: list[dict]) -> None:
+    def _force(self, ep: Episode) -> None:
         """The last turn called a tool: the call is not run; the environment says so and opens one more
         turn with the answer begun for the policy (`agent.format.forced_answer_head`, mask 0), so the
-        episode ends on an answer the policy writes, not on the cap. It ends with `max_turns` as
-        before when there is no room for that turn."""
-        msgs = msgs + [{"role": "tool", "content": agent_format.tool_message(agent_format.NOT_RUN, True)}]
-        try:
-            with_tool, glue = self.chat.extend(closed, msgs)
-            opened, opening = self.chat.extend(with_tool, msgs, open_turn=True)
-        except TemplateError:
-            return self._close(ep, closed, MAX_TURNS)
-        head = agent_format.forced_answer_head()
-        end, glue_ids = self.chat.encode(closed[len(ep.text):]), self.chat.encode(glue)
-        rest = self.chat.encode(opening) + self.chat.encode(head)
-        if ep.n_tokens + len(end) + len(glue_ids) + len(rest) >= self.max_context:
-            return self._close(ep, closed, MAX_TURNS)
-        ep.messages = msgs
-        ep.add(end + glue_ids, 0)
-        ep.reopen = (len(ep.completion_ids), with_tool)  # an engine error ends it on the tool message
-        ep.add(rest, 0)
-        ep.text, ep.head = opened + head, head
+        episode ends on an answer the policy writes, not on the cap (with no room for that turn it ends
+        with `length` on the tool message, as any turn does)."""
+        msg = {"role": "tool", "content": agent_format.tool_message(agent_format.NOT_RUN, True)}
+        self._respond(ep, ep.messages + [msg], head=agent_format.forced_answer_head())
 
     def observe(self, ep: Episode, call, result) -> None:
         """Append the tool message (glue, mask 0) and, when there is room, the next turn's opening."""
@@ -281,6 +267,12 @@ class Agent:
         ep.pending = None
         last = self.cfg.is_last(ep.n_turns + 1)
         msgs = ep.messages + [{"role": "tool", "content": agent_format.tool_message(result.observation, last)}]
+        self._respond(ep, msgs)
+
+    def _respond(self, ep: Episode, msgs: list[dict], head: str = "") -> None:
+        """Append the tool message that ends `msgs` (glue, mask 0) and, when there is room, the next
+        turn's opening with `head` already written in it (mask 0; a forced answer's). One path for a
+        tool's observation and for the forced answer's "not run", so both end alike at the edges."""
         try:
             closed, glue = self.chat.extend(ep.text, msgs)
             opened, opening = self.chat.extend(closed, msgs, open_turn=True)
@@ -291,13 +283,13 @@ class Agent:
         ep.messages = msgs
         ep.add(self.chat.encode(glue), 0)
         ep.text = closed
-        opening_ids = self.chat.encode(opening)
-        if ep.n_tokens + len(opening_ids) >= self.max_context:
+        rest = self.chat.encode(opening) + (self.chat.encode(head) if head else [])
+        if ep.n_tokens + len(rest) >= self.max_context:
             ep.finish(LENGTH)  # no room for another turn; the conversation ends on the tool message
             return
-        ep.reopen = (len(ep.completion_ids), closed)
-        ep.add(opening_ids, 0)
-        ep.text = opened
+        ep.reopen = (len(ep.completion_ids), closed)  # an engine error ends it on the tool message
+        ep.add(rest, 0)
+        ep.text, ep.head = opened + head, head
 
 
 def _raw_call(content: str) -> str:
