@@ -33,7 +33,10 @@
 #      credit (IGPO), its weight held at alpha = 0.5 every step ([aggregate-reward] schedule = "constant"):
 #      the "search again" turn of a 2-hop question earns what its search adds to the golden answer's
 #      probability, a 1-hop sample's extra search earns ~0, so the two contexts get different credit
-#  15. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#  15. arm `real-mix` (session 21, with STYLE=stepwise-real): the preset with [run-all] curriculum = "sources":
+#      every step draws one question of each data_source (demo 1-hop, demo 2-hop, SQLite 1-hop, SQLite 2-hop),
+#      so half of what RL trains on is real text (a shuffled draw gives it a sixth)
+#  16. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm is a TOML layered on the current learn preset: since session 19 the preset itself has the fail rule,
 # the balanced 1-/2-hop draw and rollouts at 0.7, so `fused-fail` and `fail-t07-bal` now equal `fused`, and
@@ -84,6 +87,7 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     fused)   echo "" ;;
     outcome) printf '[aggregate-reward]\nno_atr = true\n' ;;
     fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n' ;;
+    real-mix) printf '[run-all]\ncurriculum = "sources"\n' ;;
     ig-turn-const) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\nschedule = "constant"\n[score-ig]\nprecision = "bf16"\n' ;;
     ig-turn) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\n[score-ig]\nprecision = "bf16"\n' ;;
     t07-fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n[rollout]\ntemperature = 0.7\n' ;;
@@ -104,7 +108,7 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     outcome-force) printf '[aggregate-reward]\nno_atr = true\n[rollout]\nlast_turn_note = true\nforce_answer = true\n' ;;
     turns6)  printf '[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n' ;;
     hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, ig-turn-const, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, turns6, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, ig-turn-const, real-mix, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, turns6, hf)" >&2; exit 2 ;;
   esac
 }
 

@@ -465,6 +465,24 @@ def test_the_gpu_example_is_a_run_that_follows_its_trainer(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_sources_curriculum_gives_every_step_each_data_source():
+    sources = ["demo_1hop"] * 20 + ["demo_2hop"] * 10 + ["demo_3hop"] * 5 + ["sqlite_1hop"] * 4 + ["sqlite_2hop"] * 2
+    hops = [int(s.split("_")[1][0]) for s in sources]
+    plan = run_all.plan_questions(hops, steps=6, per_step=4, curriculum="sources", seed=0, max_hops=2,
+                                  sources=sources)
+    for p in plan:  # the 3-hop ones are left out; the four others each once a step
+        assert sorted(sources[i] for i in p) == ["demo_1hop", "demo_2hop", "sqlite_1hop", "sqlite_2hop"]
+    real2 = [i for p in plan for i in p if sources[i] == "sqlite_2hop"]
+    assert len(real2) == 6 and set(real2[:2]) == {39, 40}  # both drawn before either repeats
+    assert plan == run_all.plan_questions(hops, 6, 4, "sources", 0, max_hops=2, sources=sources)
+    # a file without data_source: the hop counts take turns, as with balanced
+    assert run_all.plan_questions(hops, 3, 4, "sources", 0, max_hops=2) == \
+        run_all.plan_questions(hops, 3, 4, "balanced", 0, max_hops=2)
+    with pytest.raises(InputError) as e:  # the error lists it among the valid choices
+        run_all.plan_questions(hops, 1, 1, "bogus")
+    assert "sources" in e.value.hint
+
+
 def test_balanced_curriculum_gives_every_step_each_hop_count():
     hops = [1] * 30 + [2] * 6 + [3] * 2  # unequal pools: the small ones cycle, the big one does not
     plan = run_all.plan_questions(hops, steps=5, per_step=4, curriculum="balanced", seed=0, max_hops=2)

@@ -67,7 +67,8 @@ class RunAllConfig:
     curriculum: str = opt("file", "which training questions each step takes: file (file order), shuffle "
                                   "(seeded order), hops (shuffled; fewest hops first, all hops by the last step), "
                                   "balanced (shuffled; the hop counts take turns, so each gets an equal share of "
-                                  "every step)")
+                                  "every step), sources (the same with each data_source taking turns: demo and "
+                                  "real-text questions of each hop count in every step)")
     curriculum_levels: int = opt(2, "with curriculum=hops: hop levels admitted at step 1 (then one more at a "
                                     "time, evenly over the steps)")
     max_hops: int = opt(0, "train only on questions with at most this many hops (0 = every question; evals "
@@ -89,7 +90,7 @@ class RunAllConfig:
     seed: int = opt(0, "seed for every stage")
 
 
-CURRICULA = ("file", "shuffle", "hops", "balanced")
+CURRICULA = ("file", "shuffle", "hops", "balanced", "sources")
 _HOPS = re.compile(r"(\d+)[ _-]?hop", re.I)
 
 
@@ -103,6 +104,11 @@ def question_hops(table) -> list[int]:
             for h, s in zip(hops, sources)]
 
 
+def question_sources(table) -> list | None:
+    """Each training question's data_source, or None when the file has none."""
+    return table.column("data_source").to_pylist() if "data_source" in table.column_names else None
+
+
 def check_curriculum(name: str) -> None:
     if name not in CURRICULA:
         from atomcli.errors import unknown_choice
@@ -110,7 +116,7 @@ def check_curriculum(name: str) -> None:
 
 
 def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, seed: int = 0,
-                   levels: int = 2, max_hops: int = 0) -> list[list[int]]:
+                   levels: int = 2, max_hops: int = 0, sources: list | None = None) -> list[list[int]]:
     """Row indices of the training questions of every step (a pure function: resume redraws the same).
 
     hops: questions are drawn in one seeded shuffled order, never twice before every admitted
@@ -123,14 +129,20 @@ def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, 
     that cannot succeed the only spread left is between samples that gave up early (a wrong answer)
     and samples that kept searching until the turn cap (reward -1), so such a group only teaches the
     policy to stop searching (LEARNING.md, session 17; session 18 measured the learn preset with
-    max_hops = 2 and found the collapse unchanged)."""
+    max_hops = 2 and found the collapse unchanged).
+
+    sources: each question's data_source; with curriculum=sources they take turns as the hop counts
+    do with balanced (a file without them: the hop counts). Why: a mixed file (the stepwise-real world:
+    400 demo and 84 real-text questions) gives the real questions a sixth of a shuffled draw, and the
+    transfer to real documents is learned from them (issue 20)."""
     check_curriculum(curriculum)
     if max_hops > 0:
         keep = [i for i, h in enumerate(hops) if h <= max_hops]
         if not keep:
             raise InputError(f"no training question has at most {max_hops} hops (max_hops); "
                              f"the file has {sorted(set(hops))}", hint="raise max_hops or set it to 0")
-        sub = plan_questions([hops[i] for i in keep], steps, per_step, curriculum, seed, levels)
+        sub = plan_questions([hops[i] for i in keep], steps, per_step, curriculum, seed, levels,
+                             sources=[sources[i] for i in keep] if sources else None)
         return [[keep[j] for j in p] for p in sub]
     n = len(hops)
     if curriculum == "file":
@@ -141,6 +153,9 @@ def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, 
     tiers = sorted(set(hops))
     if curriculum == "balanced":
         return _balanced(hops, order, tiers, steps, per_step)
+    if curriculum == "sources":
+        keys = [str(x) for x in sources] if sources else [str(h) for h in hops]
+        return _balanced(keys, order, sorted(set(keys)), steps, per_step)
     plan, used = [], set()
     for t in range(steps):
         if curriculum == "hops":
@@ -159,7 +174,7 @@ def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, 
     return plan
 
 
-def _balanced(hops: list[int], order: list[int], tiers: list[int], steps: int, per_step: int) -> list[list[int]]:
+def _balanced(hops: list, order: list[int], tiers: list, steps: int, per_step: int) -> list[list[int]]:
     """Every step draws from each hop count in turn (1, 2, ..., 1, 2, ...; the first count of step t+1
     follows the last of step t), each count in its own shuffled order, cycled once used up; a count whose
     next question is already in the step gives its turn to the next count (a step never holds a question
@@ -512,7 +527,7 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
     # planned before the folder is marked: a max_hops that no question meets is refused like a bad input
     per_step = cfg.questions_per_step * (1 + cfg.dynamic_sampling)
     plan = plan_questions(question_hops(train), cfg.steps, per_step, cfg.curriculum, cfg.seed,
-                          cfg.curriculum_levels, cfg.max_hops)
+                          cfg.curriculum_levels, cfg.max_hops, question_sources(train))
     # only once the inputs are known good: a refused run leaves the folder empty, so fixing
     # the input and running the same command again works without --resume
     _mark(run_dir, settings)
