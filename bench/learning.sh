@@ -57,6 +57,8 @@
 #   STYLE=research RUNS=runs/research ...   # the research-style world (issue 20) for the SFT and every arm
 #                                     # (also stepwise-real: the stepwise world plus the SQLite train part)
 #   EVAL_EVERY=0 ...                  # the arms evaluate only at the end (the preset: also at step 5)
+#   EVAL_LIMIT=20 ...                 # demo-test evals on the first 20 questions only (the SFT's and the arms'):
+#                                     # for an arm whose measure is the transfer eval
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -76,7 +78,8 @@ if [[ -n "${SFT_FROM:-}" ]]; then
   [[ -e "$SFT/sft/model.safetensors" && -e "$SFT/eval/sft.parquet" ]] || { echo "SFT_FROM=$SFT_FROM is not a finished SFT run" >&2; exit 2; }
 else
   SFT="$RUNS/sft"
-  printf '[run-all]\nsteps = 0\neval_limit = 0\neval_base = false\n'"$([[ $TRANSFER == 0 ]] && echo "$NO_TRANSFER")$STYLE_LINE" > "$RUNS/sft-only.toml"
+  { printf '[run-all]\nsteps = 0\neval_limit = %s\neval_base = false\n' "${EVAL_LIMIT:-0}"
+    printf "$([[ $TRANSFER == 0 ]] && echo "$NO_TRANSFER")$STYLE_LINE"; } > "$RUNS/sft-only.toml"
   # resumable: what exists (world, checkpoint, evals) is kept
   atom run-all --demo --preset learn --config "$RUNS/sft-only.toml" --out "$SFT" $([[ -d "$SFT" ]] && echo --resume) \
     2>&1 | tee -a "$RUNS/sft.log"
@@ -116,11 +119,11 @@ for arm in $ARMS; do
   dir="$RUNS/$arm"
   mkdir -p "$dir/eval"
   arm_config "$arm" > "$RUNS/$arm.toml"
-  if [[ $TRANSFER == 0 || -n $STYLE || -n ${EVAL_EVERY:-} ]]; then  # merged, not appended: the arm may have a [run-all] section
-    "$PY" - "$RUNS/$arm.toml" "$TRANSFER" "$STYLE" "${EVAL_EVERY:-}" <<'PYEOF'
+  if [[ $TRANSFER == 0 || -n $STYLE || -n ${EVAL_EVERY:-} || -n ${EVAL_LIMIT:-} ]]; then  # merged, not appended: the arm may have a [run-all] section
+    "$PY" - "$RUNS/$arm.toml" "$TRANSFER" "$STYLE" "${EVAL_EVERY:-}" "${EVAL_LIMIT:-}" <<'PYEOF'
 import sys, tomllib
 from atomcli.stages import run_all
-path, transfer, style, eval_every = sys.argv[1:5]
+path, transfer, style, eval_every, eval_limit = sys.argv[1:6]
 with open(path, "rb") as f:
     cfg = tomllib.load(f)
 ra = cfg.setdefault("run-all", {})
@@ -130,6 +133,8 @@ if style:
     ra["world_style"] = style
 if eval_every:
     ra["eval_every"] = int(eval_every)
+if eval_limit:
+    ra["eval_limit"] = int(eval_limit)
 open(path, "w").write(run_all.to_toml(cfg))
 PYEOF
   fi
