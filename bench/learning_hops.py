@@ -58,17 +58,32 @@ def search_again(n_search: int, finish_reason: str) -> int:
     return max(n_search - 1, 0) - (finish_reason == "answer" and n_search >= 1)
 
 
+def choices(r: dict) -> list[tuple[int, int]]:
+    """(0-based assistant turn, +1 "search again" / -1 "answer") for each choice made after an
+    observation: a search from the second search on, and the answer when at least one search came before."""
+    searched = sorted(c["turn"] for c in r["tool_calls"] or [] if c["name"] == "web_search")
+    out = [(t - 1, 1) for t in searched[1:]]
+    if r["finish_reason"] == "answer" and searched:
+        out.append((r["n_turns"] - 1, -1))
+    return out
+
+
 def decisions(run: Path, steps: range) -> list[tuple]:
     """Per step: (step, trajectories at the turn cap, their advantage sum, push on "search again" from
-    the cap trajectories, from the others, in all)."""
+    the cap trajectories, from the others, in all). The push is the advantage of each choice's turn
+    (`turn_advantages` with per-turn credit, else the trajectory's advantage) times +1 for "search
+    again", -1 for "answer"."""
     from atomcli import tableio
     from atomcli.agent.episode import MAX_TURNS
     out = []
     for s in steps:
         t = tableio.read_table(str(run / "steps" / f"{s:04d}" / "rewarded.parquet"))
+        cols = ["n_search", "n_turns", "advantage", "finish_reason", "tool_calls"]
+        turn = "turn_advantages" in t.column_names
         capped = adv_capped = push_capped = push_other = 0.0
-        for r in t.select(["n_search", "advantage", "finish_reason"]).to_pylist():
-            push = r["advantage"] * search_again(r["n_search"], r["finish_reason"])
+        for r in t.select(cols + (["turn_advantages"] if turn else [])).to_pylist():
+            adv = r["turn_advantages"] if turn and r["turn_advantages"] else None
+            push = sum((adv[i] if adv and i < len(adv) else r["advantage"]) * d for i, d in choices(r))
             if r["finish_reason"] == MAX_TURNS:
                 capped += 1
                 adv_capped += r["advantage"]
