@@ -1,0 +1,57 @@
+"""What search alone puts in reach on the real-text benchmark (no model run).
+
+For every test question: the benchmark's own BM25 index is queried with the question text itself (the query a
+policy that copies the question would write), and the script counts, per hop count, how often a golden answer
+occurs in the top-k snippets (what the agent sees after one search) and in the top-k full pages (what browsing
+those results would show). With `--report` (an `atom eval` report JSON of an agent on the same questions) it also
+counts the questions whose answer was in the snippets of that one search and which the agent still got wrong
+(F1 < 0.5): reading, not search, lost those.
+
+    python bench/real_docs/ceiling.py runs/sr/sft/real --report runs/s18/transfer/step-0010.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("world", type=Path, help="a real-text benchmark folder (test.jsonl, index.sqlite)")
+    ap.add_argument("--k", type=int, default=3, help="results per search (the learn preset's k)")
+    ap.add_argument("--report", help="an atom eval report JSON of an agent on the same test questions")
+    args = ap.parse_args()
+    from atomcli.env.search_local import LocalIndex
+    idx = LocalIndex(str(args.world / "index.sqlite"))
+    per_q = json.load(open(args.report))["per_question"] if args.report else {}
+    c: dict = collections.Counter()
+    for line in open(args.world / "test.jsonl", encoding="utf-8"):
+        q = json.loads(line)
+        gold = [a.lower() for a in q["golden_answers"]]
+        found = lambda text: any(a in (text or "").lower() for a in gold)
+        res = idx.search(q["question"], k=args.k)
+        in_snippet = any(found(r["snippet"]) for r in res)
+        in_page = any(found(idx.read_local(r["url"])) for r in res)
+        h = q.get("hops", 1)
+        c[h, "n"] += 1
+        c[h, "snippet"] += in_snippet
+        c[h, "page"] += in_page
+        if q["id"] in per_q:
+            c[h, "right"] += per_q[q["id"]]["f1"] >= 0.5
+            c[h, "lost"] += in_snippet and per_q[q["id"]]["f1"] < 0.5
+    print(f"| hops | questions | answer in top-{args.k} snippets | in top-{args.k} pages"
+          + (" | agent right | in the snippets, agent wrong |" if per_q else " |"))
+    print("|---|---|---|---|" + ("---|---|" if per_q else ""))
+    for h in sorted({k[0] for k in c}):
+        row = f"| {h} | {c[h, 'n']} | {c[h, 'snippet']} | {c[h, 'page']} |"
+        print(row + (f" {c[h, 'right']} | {c[h, 'lost']} |" if per_q else ""))
+
+
+if __name__ == "__main__":
+    main()
