@@ -18,12 +18,17 @@ def load():
     return mod
 
 
-def step_table(run: Path, step: int, rows: list[tuple]) -> None:
+def step_table(run: Path, step: int, rows: list[tuple], turn_adv: list | None = None) -> None:
+    """Rows (searches, advantage, finish_reason): the searches are turns 1..n, an answer the turn after."""
     d = run / "steps" / f"{step:04d}"
     d.mkdir(parents=True)
     n_search, adv, finish = zip(*rows)
-    pq.write_table(pa.table({"n_search": list(n_search), "advantage": list(adv), "finish_reason": list(finish)}),
-                   d / "rewarded.parquet")
+    cols = {"n_search": list(n_search), "advantage": list(adv), "finish_reason": list(finish),
+            "n_turns": [n + (f == "answer") for n, f in zip(n_search, finish)],
+            "tool_calls": [[{"turn": t, "name": "web_search"} for t in range(1, n + 1)] for n in n_search]}
+    if turn_adv is not None:
+        cols["turn_advantages"] = turn_adv
+    pq.write_table(pa.table(cols), d / "rewarded.parquet")
 
 
 def test_decisions_count_search_again_and_answer_choices(tmp_path):
@@ -35,3 +40,11 @@ def test_decisions_count_search_again_and_answer_choices(tmp_path):
     step_table(tmp_path, 2, [(3, 0.0, "max_turns"), (3, 2.0, "answer")])  # two "again", one "answer" -> +2
     got = load().decisions(tmp_path, range(1, 3))
     assert got == [(1, 1, -1.5, -3.0, -0.5, -3.5), (2, 1, 0.0, 0.0, 2.0, 2.0)]
+
+
+def test_decisions_use_each_choices_turn_advantage_under_per_turn_credit(tmp_path):
+    # 2 searches then an answer, turn advantages [0.1, 0.7, -0.2]: "again" at turn 2 (+0.7), "answer" at
+    # turn 3 (-(-0.2)) -> +0.9; a row without turn advantages falls back to its trajectory advantage
+    step_table(tmp_path, 1, [(2, 5.0, "answer"), (2, 1.0, "answer")], turn_adv=[[0.1, 0.7, -0.2], None])
+    got = load().decisions(tmp_path, range(1, 2))
+    assert got[0][0:3] == (1, 0, 0.0) and abs(got[0][5] - 0.9) < 1e-9
