@@ -283,7 +283,7 @@ class Agent:
         ep.messages = msgs
         ep.add(self.chat.encode(glue), 0)
         ep.text = closed
-        rest = self.chat.encode(opening) + (self.chat.encode(head) if head else [])
+        rest = self.chat.encode(opening) + self.chat.encode(head)  # encode("") is []
         if ep.n_tokens + len(rest) >= self.max_context:
             ep.finish(LENGTH)  # no room for another turn; the conversation ends on the tool message
             return
