@@ -36,7 +36,9 @@
 #  15. arm `real-mix` (session 21, with STYLE=stepwise-real): the preset with [run-all] curriculum = "sources":
 #      every step draws one question of each data_source (demo 1-hop, demo 2-hop, SQLite 1-hop, SQLite 2-hop),
 #      so half of what RL trains on is real text (a shuffled draw gives it a sixth)
-#  16. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#  16. arms `hops4-force`, `outcome-hops4-force` (session 22): the forced answer, with training questions of
+#      every hop count (max_hops = 4, each of 1-4 every step) as in the test split, instead of 1-2 only
+#  17. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm is a TOML layered on the current learn preset: since session 19 the preset itself has the fail rule,
 # the balanced 1-/2-hop draw and rollouts at 0.7, so `fused-fail` and `fail-t07-bal` now equal `fused`, and
@@ -109,9 +111,13 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     # a last turn that still calls a tool is followed by a forced answer turn (no sample ends unanswered)
     force)   printf '[rollout]\nlast_turn_note = true\nforce_answer = true\n' ;;
     outcome-force) printf '[aggregate-reward]\nno_atr = true\n[rollout]\nlast_turn_note = true\nforce_answer = true\n' ;;
+    # session 22: the forced answer, and training questions of every hop count like the test split's
+    # (each hop count 1-4 every step): the prior on stopping that GRPO learns is the one the test mix needs
+    hops4-force) printf '[run-all]\nmax_hops = 4\n[rollout]\nlast_turn_note = true\nforce_answer = true\n' ;;
+    outcome-hops4-force) printf '[run-all]\nmax_hops = 4\n[aggregate-reward]\nno_atr = true\n[rollout]\nlast_turn_note = true\nforce_answer = true\n' ;;
     turns6)  printf '[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n' ;;
     hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, ig-turn-const, real-mix, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, turns6, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, ig-turn-const, real-mix, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, hops4-force, outcome-hops4-force, turns6, hf)" >&2; exit 2 ;;
   esac
 }
 

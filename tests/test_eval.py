@@ -332,6 +332,18 @@ def test_eval_rollout_settings_come_from_the_rollout_section_and_a_fixed_date():
         evaluate.rollout_config(evaluate.EvalConfig(model="m", rollout={"group": 3}))
 
 
+def test_eval_can_answer_at_the_cap_when_the_training_rollouts_do_not():
+    # the learn preset: [rollout] without the rule (training), [eval] with it (every eval of the run)
+    plain = evaluate.rollout_config(evaluate.EvalConfig(model="m", rollout={"max_turns": 4}))
+    assert (plain.last_turn_note, plain.force_answer) == (False, False)
+    r = evaluate.rollout_config(evaluate.EvalConfig(model="m", force_answer=True, last_turn_note=True,
+                                                    rollout={"max_turns": 4}))
+    assert (r.last_turn_note, r.force_answer, r.max_turns) == (True, True, 4)
+    # the [rollout] section's rule stays on when [eval] does not set it
+    r = evaluate.rollout_config(evaluate.EvalConfig(model="m", rollout={"force_answer": True}))
+    assert (r.last_turn_note, r.force_answer) == (False, True)
+
+
 def test_two_evals_on_different_days_give_the_same_report(tmp_path, tiny_model, monkeypatch):
     import datetime as dt
 

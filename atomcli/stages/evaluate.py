@@ -62,6 +62,12 @@ class EvalConfig:
     seed: int = opt(0, "random seed")
     limit: int = opt(0, "evaluate only the first N questions (0 = all)")
     judge_batch: int = opt(32, "prompts per judge call (one failing call loses at most this many verdicts)")
+    # the rule at the turn cap as an *evaluation* rule, without the training rollouts using it (the learn
+    # preset: the RL rollouts end at the cap, the evals of the SFT and of every step answer there)
+    last_turn_note: bool = opt(False, "when rolling out: the note before the last turn that it must answer "
+                                      "(on if the [rollout] section sets it)")
+    force_answer: bool = opt(False, "when rolling out: a last turn that still calls a tool is followed by one "
+                                    "forced answer turn (on if the [rollout] section sets it)")
     # the [rollout] settings (k, batch size, reader...) the questions are rolled out with; not a flag:
     # `atom eval --config FILE` reads FILE's [rollout] section, run-all passes its own
     rollout: dict = field(default_factory=dict)
@@ -81,6 +87,10 @@ def rollout_config(config: EvalConfig):
         over["max_turns"] = config.max_turns
     if config.max_new_tokens:
         over["max_new_tokens"] = config.max_new_tokens
+    if config.last_turn_note:
+        over["last_turn_note"] = True
+    if config.force_answer:
+        over["force_answer"] = True
     if not base.date:
         over["date"] = config.date or FIXED_DATE
     return dataclasses.replace(base, **over)
