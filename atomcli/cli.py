@@ -209,10 +209,10 @@ def _checkpoint_stage(stage: str):
 
 
 def _eval_handler(cfg, mod, *, input: str, out: str, markdown: str | None, history: str | None,
-                  compare: str | None):
+                  compare: str | None, answers: str | None):
     from atomcli.stages import evaluate_io
     evaluate_io.run_to_files(mod, input, cfg, _context(), out=out, markdown=markdown, history=history,
-                             compare=compare)
+                             compare=compare, answers=answers)
 
 
 stage_command("sft", "sft", "SFTConfig", [("data", "Trajectory table or chat JSONL (`messages` column).")],
@@ -236,7 +236,8 @@ stage_command("eval", "evaluate", "EvalConfig", [("input", "Answered rollouts, o
               extra=[_param("out", Annotated[str, typer.Option("--out", "-o", help="Report JSON (`-` = stdout).")]),
                      _param("markdown", Annotated[Optional[str], typer.Option("--markdown", help="Also write a Markdown report.")], None),
                      _param("history", Annotated[Optional[str], typer.Option("--history", help="Append one JSON line per run (for cron).")], None),
-                     _param("compare", Annotated[Optional[str], typer.Option("--compare", help="Baseline: a report JSON or an answered table of the same questions; adds F1/EM differences with paired 95% bootstrap intervals.")], None)])
+                     _param("compare", Annotated[Optional[str], typer.Option("--compare", help="Baseline: a report JSON or an answered table of the same questions; adds F1/EM differences with paired 95% bootstrap intervals.")], None),
+                     _param("answers", Annotated[Optional[str], typer.Option("--answers", help="With --model: also write the answered table it rolls out (Parquet, or JSONL by extension), the transcripts behind the report.")], None)])
 
 
 # --- utility commands ------------------------------------------------------------------------

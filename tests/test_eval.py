@@ -312,12 +312,28 @@ def test_eval_questions_with_a_real_rollout(tmp_path, tiny_model):
         {"id": "a", "question": "Capital of France?", "golden_answers": ["Paris"], "data_source": "toy"}])
     cfg = evaluate.EvalConfig(model=str(tiny_model), search=f"local:{tmp_path / 'index.sqlite'}",
                               max_turns=2, max_new_tokens=8)
-    out = tmp_path / "r.json"
-    evaluate_io.run_to_files(evaluate, str(questions), cfg, Context(quiet=True), out=str(out))
+    out, answers = tmp_path / "r.json", tmp_path / "answers.parquet"
+    evaluate_io.run_to_files(evaluate, str(questions), cfg, Context(quiet=True), out=str(out), answers=str(answers))
     rep = json.loads(out.read_text())
     assert rep["kind"] == "questions" and rep["n"] == 2 and rep["n_trajectories"] == 2
     assert rep["model"] == str(tiny_model) and list(rep["by_source"]) == ["toy"]
     assert 0.0 <= rep["overall"]["f1"] <= 1.0 and 1 <= rep["overall"]["mean_turns"] <= 2
+    # --answers: the transcripts behind the report; scoring them again gives the same numbers
+    from atomcli import tableio
+    table = tableio.read_table(str(answers))
+    assert sorted(table.column("id").to_pylist()) == ["a", "b"]
+    assert {"messages", "finish_reason", "answer", "completion_ids"} <= set(table.column_names)
+    again = evaluate_io.run_to_files(evaluate, str(answers), evaluate.EvalConfig(), Context(quiet=True),
+                                     out=str(tmp_path / "again.json"))
+    assert again["overall"]["f1"] == rep["overall"]["f1"] and again["per_question"] == rep["per_question"]
+
+
+def test_cli_answers_needs_questions_and_a_model(tmp_path):
+    src = _write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "question": "q?", "golden_answers": ["x"], "answer": "x"}])
+    proc = atom("eval", src, "--out", tmp_path / "r.json", "--answers", tmp_path / "a.parquet")
+    assert proc.returncode == 2 and b"--answers" in proc.stderr
+    assert len(proc.stderr.decode().strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
 
 
 def test_eval_rollout_settings_come_from_the_rollout_section_and_a_fixed_date():

@@ -112,6 +112,13 @@ def finish_report(table, config: EvalConfig, context, *, rolled_out: bool) -> di
 
 def run(table, config: EvalConfig, context) -> dict:
     """Score answered rollouts (or roll out `config.model` on questions first); the report dict."""
+    table, rolled_out = answered(table, config, context)
+    return finish_report(table, config, context, rolled_out=rolled_out)
+
+
+def answered(table, config: EvalConfig, context):
+    """(the answered table to score, whether it was rolled out here): the input itself when it holds
+    answers, else its questions rolled out with `config.model` (`atom eval --answers` writes that table)."""
     _check_variant(config.f1)
     rolled_out = False
     if "answer" in table.column_names:
@@ -131,7 +138,7 @@ def run(table, config: EvalConfig, context) -> dict:
         raise InputError("the input has no `answer` column: it holds questions, not answered rollouts",
                          column="answer", hint="pass --model M (and --search SPEC) to answer them, "
                                                "or give the output of `atom rollout`")
-    return finish_report(table, config, context, rolled_out=rolled_out)
+    return table, rolled_out
 
 
 # --- scoring (pure) ---------------------------------------------------------------------------

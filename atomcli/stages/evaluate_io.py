@@ -28,23 +28,28 @@ COLUMNS = [("n", "n", "n"), ("f1", "F1", "F1"), ("em", "EM", "EM"), ("cover_em",
 
 
 def run_to_files(mod, input_path: str, cfg, ctx, *, out: str, markdown: str | None = None,
-                 history: str | None = None, compare: str | None = None) -> dict:
-    """Read INPUT, evaluate, write the reports; returns the report."""
-    if out == "-" and markdown == "-":
-        raise InputError("--out and --markdown cannot both be `-` (stdout)", hint="give one of them a file name")
+                 history: str | None = None, compare: str | None = None, answers: str | None = None) -> dict:
+    """Read INPUT, evaluate, write the reports (and with `answers`, the rolled-out table); returns the report."""
+    if [out, markdown, answers].count("-") > 1:
+        raise InputError("only one of --out, --markdown, --answers can be `-` (stdout)",
+                         hint="give the others file names")
     from atomcli import safety
     # the reports never land on the input, the baseline, the model folder or each other
-    safety.check_outputs({"--out": out, "--markdown": markdown, "--history": history},
+    safety.check_outputs({"--out": out, "--markdown": markdown, "--history": history, "--answers": answers},
                          inputs=[input_path, compare, getattr(cfg, "model", None)])
     baseline = read_baseline(compare, cfg.f1) if compare else None  # a bad baseline fails before any rollout
     if cfg.judge:  # unknown names fail before any data or model loads
         plugins.check_judge_spec(cfg.judge)
     name = "<stdin>" if input_path == "-" else input_path
     table = tableio.read_table(input_path)
+    if answers and (not cfg.model or "answer" in table.column_names):
+        raise InputError("--answers writes the table this eval rolls out: it needs questions and --model",
+                         file=name, hint="drop --answers (the input is already an answered table), or add --model")
     if cfg.model and "answer" not in table.column_names:
         plugins.check_search_spec(mod.rollout_config(cfg).search)
     try:
-        report = mod.run(table, cfg, ctx)
+        rows, rolled_out = mod.answered(table, cfg, ctx)
+        report = mod.finish_report(rows, cfg, ctx, rolled_out=rolled_out)
     except InputError as e:
         raise e.located(file=name) from None
     report = {"input": name, **report}
@@ -55,6 +60,8 @@ def run_to_files(mod, input_path: str, cfg, ctx, *, out: str, markdown: str | No
         except InputError as e:
             raise e.located(file=compare) from None
 
+    if answers:  # the transcripts behind the report, as `atom rollout` would have written them
+        tableio.write_stage(rows, answers, "rollout", mod.rollout_config(cfg))
     _emit(out, to_json(report))
     if markdown:
         _emit(markdown, to_markdown(report).encode())
@@ -64,7 +71,7 @@ def run_to_files(mod, input_path: str, cfg, ctx, *, out: str, markdown: str | No
         ctx.console.print(rich_table(report))
         if "compare" in report:
             ctx.console.print(compare_table(report["compare"]))
-    for path in (out, markdown, history):
+    for path in (answers, out, markdown, history):
         if path and path != "-":
             ctx.log(f"[green]wrote[/] {path}")
     return report
