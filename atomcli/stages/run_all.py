@@ -133,7 +133,8 @@ def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, 
 
     sources: each question's data_source; with curriculum=sources they take turns as the hop counts
     do with balanced (a file without them: the hop counts). Why: a mixed file (the stepwise-real world:
-    400 demo and 84 real-text questions) gives the real questions a sixth of a shuffled draw, and the
+    400 demo questions, then the real benchmark's train split) gives the real questions only their share of
+    a shuffled draw (a sixth when that split had 84), and the
     transfer to real documents is learned from them (issue 20)."""
     check_curriculum(curriculum)
     if max_hops > 0:
