@@ -4,43 +4,48 @@
 #
 #   1. one shared SFT run: the demo world, the demo's SFT, an eval of the SFT checkpoint on all 100 test
 #      questions (run-all with steps = 0);
-#   2. arm `fused`:   `atom run-all --demo --preset learn` (ATR from the heuristic RRM, alpha 0.5 -> 0)
-#   3. arm `outcome`: the same preset with [aggregate-reward] no_atr = true (DeepResearcher's reward)
-#   4. arm `fused-skip`: the fused reward, but groups whose outcomes all tie get no advantage
+#   2. arm `learn`:   `atom run-all --demo --preset learn` as it is (since session 23: information gain with
+#      per-turn credit at alpha = 0.5, evals that answer at the cap)
+#   3. arm `fused`:   the preset with Atom-Searcher's reward (ATR from the heuristic RRM, alpha 0.5 -> 0)
+#   4. arm `outcome`: the preset with the outcome alone (process = "none": DeepResearcher's reward)
+#   5. arm `fused-skip`: the fused reward, but groups whose outcomes all tie get no advantage
 #      ([aggregate-reward] flat_outcome = "skip": ATR only ranks trajectories whose F1 differs)
-#   5. arm `ig-turn`: information gain as the process reward, with per-turn credit (IGPO-style;
+#   6. arm `ig-turn`: information gain as the process reward, with per-turn credit (IGPO-style;
 #      [aggregate-reward] process = "ig", credit = "turn"; scored in bf16 autocast like the trainers)
-#   6. arms `t07-fused-skip`, `t07-outcome`: the same rewards as fused-skip and outcome with the
+#   7. arms `t07-fused-skip`, `t07-outcome`: the same rewards as fused-skip and outcome with the
 #      training rollouts sampled at temperature 0.7 instead of 1.0 (evals are greedy either way)
-#   7. arm `fused-kl`: the fused reward with the policy held nearer its SFT start: half the learning
+#   8. arm `fused-kl`: the fused reward with the policy held nearer its SFT start: half the learning
 #      rate (1e-5) and a KL term to the SFT checkpoint (beta = 0.04, TRL's old default)
-#   8. arm `turns6`: the fused reward with 6 turns per episode in training rollouts and evals instead of 4
+#   9. arm `turns6`: the fused reward with 6 turns per episode in training rollouts and evals instead of 4
 #      (a 4-hop question needs 4 searches and an answer: at 4 turns every correct attempt hits the cap,
 #      is ill formed and gets reward -1, below any wrong answer); it evaluates the SFT checkpoint itself
-#   9. arm `fused-mask`: the fused reward with the samples cut by the turn or context cap masked out
+#  10. arm `fused-mask`: the fused reward with the samples cut by the turn or context cap masked out
 #      ([aggregate-reward] truncated = "mask": advantage 0, left out of their group's statistics)
-#  10. arm `fused-fail`: the same samples ranked as wrong answers instead ([aggregate-reward] truncated =
+#  11. arm `fused-fail`: the same samples ranked as wrong answers instead ([aggregate-reward] truncated =
 #      "fail": the advantage of an answer with F1 0; the reward column keeps -1)
-#  11. arms `fail-t07-bal`, `outcome-fail-t07-bal` (session 19): the fail rule, training on 1- and 2-hop
+#  12. arms `fail-t07-bal`, `outcome-fail-t07-bal` (session 19): the fail rule, training on 1- and 2-hop
 #      questions only with each hop count every step ([run-all] max_hops = 2, curriculum = "balanced") and
 #      rollouts at temperature 0.7; the fused and the outcome-only reward
-#  12. arms `note`, `outcome-note` (session 20): the preset (fused / outcome-only) with [rollout]
+#  13. arms `note`, `outcome-note` (session 20): the preset (fused / outcome-only) with [rollout]
 #      last_turn_note = true: the tool response before the last turn says that turn must answer (in
 #      training rollouts and evals; the arm evaluates the SFT checkpoint itself with the note)
-#  13. arms `force`, `outcome-force`: the note, and a last turn that still calls a tool is followed by one
+#  14. arms `force`, `outcome-force`: the note, and a last turn that still calls a tool is followed by one
 #      forced answer turn ([rollout] force_answer = true): no sample ends unanswered at the turn cap
-#  14. arm `ig-turn-const` (session 21): the preset with information gain as the process reward and per-turn
+#  15. arm `ig-turn-const` (session 21): the preset with information gain as the process reward and per-turn
 #      credit (IGPO), its weight held at alpha = 0.5 every step ([aggregate-reward] schedule = "constant"):
 #      the "search again" turn of a 2-hop question earns what its search adds to the golden answer's
 #      probability, a 1-hop sample's extra search earns ~0, so the two contexts get different credit
-#  15. arm `real-mix` (session 21, with STYLE=stepwise-real): the preset with [run-all] curriculum = "sources":
+#  16. arm `real-mix` (session 21, with STYLE=stepwise-real): the preset with [run-all] curriculum = "sources":
 #      every step draws one question of each data_source (demo 1-hop, demo 2-hop, SQLite 1-hop, SQLite 2-hop),
 #      so half of what RL trains on is real text (a shuffled draw gives it a sixth)
-#  16. arms `hops4-force`, `outcome-hops4-force` (session 22): the forced answer, with training questions of
+#  17. arms `hops4-force`, `outcome-hops4-force` (session 22): the forced answer, with training questions of
 #      every hop count (max_hops = 4, each of 1-4 every step) as in the test split, instead of 1-2 only
-#  17. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#  18. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
-# Every arm is a TOML layered on the current learn preset: since session 19 the preset itself has the fail rule,
+# Every arm is a TOML layered on the current learn preset. Since session 23 the preset's evals answer at the
+# cap (the SFT eval too) and its reward is information gain with per-turn credit: the arms named for another
+# reward set it explicitly; their earlier reports were evaluated without the forced answer (add [eval]
+# last_turn_note = false, force_answer = false to reproduce those). Since session 19 the preset itself has the fail rule,
 # the balanced 1-/2-hop draw and rollouts at 0.7, so `fused-fail` and `fail-t07-bal` now equal `fused`, and
 # `outcome-fail-t07-bal` equals `outcome` (kept so that earlier sessions' commands still name their arms).
 #
@@ -87,37 +92,42 @@ else
     2>&1 | tee -a "$RUNS/sft.log"
 fi
 
+# Since session 23 the preset's reward is information gain with per-turn credit; the arms of sessions 13-22,
+# named for the reward they measured, say it explicitly so that their names keep their meaning
+ATR='process = "atr"\ncredit = "trajectory"\nschedule = "linear"\n'   # Atom-Searcher's fused reward
+OUTCOME='process = "none"\ncredit = "trajectory"\nschedule = "linear"\n'                    # DeepResearcher's F1-only reward
 arm_config() {  # arm -> the TOML layered on the learn preset
   case "$1" in
-    fused)   echo "" ;;
-    outcome) printf '[aggregate-reward]\nno_atr = true\n' ;;
-    fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n' ;;
-    real-mix) printf '[run-all]\ncurriculum = "sources"\n' ;;
+    learn)   echo "" ;;   # the preset as it is (session 23: information gain, per-turn credit, forced eval answer)
+    fused)   printf "[aggregate-reward]\n${ATR}" ;;
+    outcome) printf "[aggregate-reward]\n${OUTCOME}" ;;
+    fused-skip) printf "[aggregate-reward]\n${ATR}flat_outcome = \"skip\"\n" ;;
+    real-mix) printf "[aggregate-reward]\n${ATR}[run-all]\ncurriculum = \"sources\"\n" ;;
     ig-turn-const) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\nschedule = "constant"\n[score-ig]\nprecision = "bf16"\n' ;;
-    ig-turn) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\n[score-ig]\nprecision = "bf16"\n' ;;
-    t07-fused-skip) printf '[aggregate-reward]\nflat_outcome = "skip"\n[rollout]\ntemperature = 0.7\n' ;;
-    t07-outcome) printf '[aggregate-reward]\nno_atr = true\n[rollout]\ntemperature = 0.7\n' ;;
-    fused-kl) printf '[grpo-step]\nlr = 1e-05\nbeta = 0.04\n' ;;
-    fused-mask) printf '[aggregate-reward]\ntruncated = "mask"\n' ;;
-    fused-fail) printf '[aggregate-reward]\ntruncated = "fail"\n' ;;
+    ig-turn) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\nschedule = "linear"\n[score-ig]\nprecision = "bf16"\n' ;;
+    t07-fused-skip) printf "[aggregate-reward]\n${ATR}flat_outcome = \"skip\"\n[rollout]\ntemperature = 0.7\n" ;;
+    t07-outcome) printf "[aggregate-reward]\n${OUTCOME}[rollout]\ntemperature = 0.7\n" ;;
+    fused-kl) printf "[aggregate-reward]\n${ATR}[grpo-step]\nlr = 1e-05\nbeta = 0.04\n" ;;
+    fused-mask) printf "[aggregate-reward]\n${ATR}truncated = \"mask\"\n" ;;
+    fused-fail) printf "[aggregate-reward]\n${ATR}truncated = \"fail\"\n" ;;
     # session 19: the three changes session 18 left for next, together (fail rule, 1-2 hops, each hop count
     # every step, cooler sampling), with the fused reward and with the outcome alone (the ablation)
-    fail-t07-bal) printf '[run-all]\nmax_hops = 2\ncurriculum = "balanced"\n[aggregate-reward]\ntruncated = "fail"\n[rollout]\ntemperature = 0.7\n' ;;
-    outcome-fail-t07-bal) printf '[run-all]\nmax_hops = 2\ncurriculum = "balanced"\n[aggregate-reward]\nno_atr = true\ntruncated = "fail"\n[rollout]\ntemperature = 0.7\n' ;;
+    fail-t07-bal) printf "[run-all]\nmax_hops = 2\ncurriculum = \"balanced\"\n[aggregate-reward]\n${ATR}truncated = \"fail\"\n[rollout]\ntemperature = 0.7\n" ;;
+    outcome-fail-t07-bal) printf "[run-all]\nmax_hops = 2\ncurriculum = \"balanced\"\n[aggregate-reward]\n${OUTCOME}truncated = \"fail\"\n[rollout]\ntemperature = 0.7\n" ;;
     # session 20: the preset with the environment's note before the last turn (rollouts and evals):
     # the policy can read the turn budget instead of being cut off by it
-    note)    printf '[rollout]\nlast_turn_note = true\n' ;;
-    outcome-note) printf '[aggregate-reward]\nno_atr = true\n[rollout]\nlast_turn_note = true\n' ;;
+    note) printf "[aggregate-reward]\n${ATR}[rollout]\nlast_turn_note = true\n" ;;
+    outcome-note) printf "[aggregate-reward]\n${OUTCOME}[rollout]\nlast_turn_note = true\n" ;;
     # a last turn that still calls a tool is followed by a forced answer turn (no sample ends unanswered)
-    force)   printf '[rollout]\nlast_turn_note = true\nforce_answer = true\n' ;;
-    outcome-force) printf '[aggregate-reward]\nno_atr = true\n[rollout]\nlast_turn_note = true\nforce_answer = true\n' ;;
+    force) printf "[aggregate-reward]\n${ATR}[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
+    outcome-force) printf "[aggregate-reward]\n${OUTCOME}[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
     # session 22: the forced answer, and training questions of every hop count like the test split's
     # (each hop count 1-4 every step): the prior on stopping that GRPO learns is the one the test mix needs
-    hops4-force) printf '[run-all]\nmax_hops = 4\n[rollout]\nlast_turn_note = true\nforce_answer = true\n' ;;
-    outcome-hops4-force) printf '[run-all]\nmax_hops = 4\n[aggregate-reward]\nno_atr = true\n[rollout]\nlast_turn_note = true\nforce_answer = true\n' ;;
-    turns6)  printf '[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n' ;;
-    hf)      printf '[run-all]\njudge = "hf:smollm2"\n' ;;
-    *) echo "unknown arm $1 (valid: fused, outcome, fused-skip, ig-turn, ig-turn-const, real-mix, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, hops4-force, outcome-hops4-force, turns6, hf)" >&2; exit 2 ;;
+    hops4-force) printf "[aggregate-reward]\n${ATR}[run-all]\nmax_hops = 4\n[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
+    outcome-hops4-force) printf "[run-all]\nmax_hops = 4\n[aggregate-reward]\n${OUTCOME}[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
+    turns6) printf "[aggregate-reward]\n${ATR}[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n" ;;
+    hf) printf "[aggregate-reward]\n${ATR}[run-all]\njudge = \"hf:smollm2\"\n" ;;
+    *) echo "unknown arm $1 (valid: learn, fused, outcome, fused-skip, ig-turn, ig-turn-const, real-mix, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, hops4-force, outcome-hops4-force, turns6, hf)" >&2; exit 2 ;;
   esac
 }
 

@@ -233,14 +233,22 @@ DEMO = {
 # (step 10: F1 0.310, sessions 17-18); with these settings it kept searching twice where it helps and
 # stopped looping (step 10: 0.390, +0.080 [+0.000, +0.160] over that checkpoint; +0.023 [-0.077, +0.120]
 # over its SFT: not yet the bar).
+# The reward (LEARNING.md, sessions 21-23): information gain as the process reward with per-turn credit at
+# a constant weight 0.5 (process = "ig", credit = "turn", schedule = "constant"): a trajectory-level reward
+# gives the "search again" words of a 1-hop and of a 2-hop sample the same credit, so GRPO could only shift
+# the prior on stopping for every question at once; the gain of the turn that found the second fact
+# separates them. The evals answer at the cap (force_answer, with the last-turn note) for the SFT and the
+# RL checkpoints alike: without it an eval scores how often a policy runs out of turns, which the policy
+# that searches more (this one) does more often while it finds more.
 LEARN = {
     "run-all": {"steps": 10, "questions_per_step": 4, "eval_limit": 0, "eval_every": 5, "eval_base": False,
                 "judge": "heuristic", "curriculum": "balanced", "max_hops": 2, "world_style": "stepwise"},
     "sft": {**DEMO["sft"], "max_steps": 40, "precision": "bf16"},
     "rollout": {**DEMO["rollout"], "group_size": 8, "temperature": 0.7},
-    "aggregate-reward": {"truncated": "fail"},
+    "aggregate-reward": {"truncated": "fail", "process": "ig", "credit": "turn", "schedule": "constant"},
+    "score-ig": {"precision": "bf16"},
     "grpo-step": {"lr": 2e-5, "beta": 0.0, "micro_batch": 4, "gradient_checkpointing": False, "precision": "bf16"},
-    "eval": DEMO["eval"],
+    "eval": {**DEMO["eval"], "last_turn_note": True, "force_answer": True},
 }
 PRESETS = {"demo": DEMO, "learn": LEARN}
 QUICK = {
