@@ -1,0 +1,57 @@
+"""bench/learning.sh: every arm's TOML, layered on the learn preset, is a valid run whose reward is the one its name says."""
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from atomcli import config as cfgmod
+from atomcli.stages import run_all
+from atomcli.stages.aggregate_reward import AggregateConfig, check
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "learning.sh"
+
+
+def _arm_functions() -> str:
+    """The script's reward variables and arm_config(), without running the script (no model, no run folder)."""
+    text = SCRIPT.read_text()
+    start, end = text.index("\nATR="), text.index("\n}\n", text.index("arm_config()"))
+    return text[start:end + 3]
+
+
+def _arms() -> list[str]:
+    listed = re.search(r"unknown arm \$1 \(valid: ([^)]*)\)", SCRIPT.read_text()).group(1)
+    return [a.strip() for a in listed.split(",")]
+
+
+def _arm_settings(arm: str) -> dict:
+    out = subprocess.run(["bash", "-c", _arm_functions() + f'\narm_config "{arm}"\n'], capture_output=True, text=True,
+                         check=True).stdout
+    return run_all._merge(run_all.LEARN, tomllib.loads(out))
+
+
+def test_the_valid_list_names_every_arm_the_script_knows():
+    cases = re.findall(r"^    ([a-z0-9-]+)\)", _arm_functions(), flags=re.M)
+    assert sorted(cases) == sorted(_arms()) and len(cases) > 10
+
+
+@pytest.mark.parametrize("arm", _arms())
+def test_each_arm_is_a_valid_config_with_the_reward_its_name_says(arm):
+    settings = _arm_settings(arm)
+    agg = cfgmod.build(AggregateConfig, settings["aggregate-reward"], source="[aggregate-reward]")
+    check(agg)  # e.g. --no-atr with process = "ig" would be refused here
+    if arm == "learn":  # the preset as it is: information gain, per-turn credit, constant weight
+        assert (agg.process, agg.credit, agg.schedule) == ("ig", "turn", "constant")
+    elif arm.startswith("ig-turn"):
+        assert (agg.process, agg.credit) == ("ig", "turn")
+        assert agg.schedule == ("constant" if arm == "ig-turn-const" else "linear")
+    elif "outcome" in arm:  # DeepResearcher's reward: F1 alone
+        assert (agg.process, agg.credit) == ("none", "trajectory")
+    else:  # the fused arms of sessions 13-22: Atom-Searcher's ATR with its linear schedule
+        assert (agg.process, agg.credit, agg.schedule) == ("atr", "trajectory", "linear")
+
+
+def test_an_unknown_arm_is_refused_with_the_valid_ones():
+    r = subprocess.run(["bash", "-c", _arm_functions() + '\narm_config "nope"\n'], capture_output=True, text=True)
+    assert r.returncode == 2 and "valid: learn, fused, outcome" in r.stderr
