@@ -64,13 +64,14 @@
 #   STYLE=research RUNS=runs/research ...   # the research-style world (issue 20) for the SFT and every arm
 #                                     # (also stepwise-real: the stepwise world plus the SQLite train part)
 #   EVAL_EVERY=0 ...                  # the arms evaluate only at the end (the preset: also at step 5)
-#   EVAL_LIMIT=20 ...                 # demo-test evals on the first 20 questions only (the SFT's and the arms'):
+#   EVAL_LIMIT=20 ...                 # demo-test evals on the first 20 questions only (the SFT's and the arms':
+#                                     # an arm refuses an SFT run made with another EVAL_LIMIT)
 #                                     # for an arm whose measure is the transfer eval
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-runs/learning}
-ARMS=${ARMS:-"fused outcome"}
+ARMS=${ARMS-"fused outcome"}   # unset: the two ablation arms; ARMS="" (empty): the shared SFT run only
 export HF_HUB_OFFLINE=1
 mkdir -p "$RUNS"
 atom() { "$PY" -m atomcli "$@"; }
@@ -166,6 +167,19 @@ PYEOF
     mkdir -p "$dir/eval/transfer"
     shared="$shared transfer/questions.parquet"; [[ $own == 1 ]] || shared="$shared transfer/sft.parquet"
   fi
+  # the arm's evals are compared with the SFT eval, question by question: the same questions or a refusal
+  # (an SFT run made with EVAL_LIMIT=20 and an arm without it would compare 100 answers with 20)
+  "$PY" - "$SFT/config.json" "$RUNS/$arm.toml" <<'PYEOF' || exit 2
+import json, sys, tomllib
+from atomcli.stages import run_all
+sft = json.load(open(sys.argv[1])).get("run-all", {}).get("eval_limit", 0)
+with open(sys.argv[2], "rb") as f:
+    arm = run_all._merge(run_all.LEARN, tomllib.load(f))["run-all"].get("eval_limit", 0)
+if sft != arm:
+    print(f"error: {sys.argv[1]}: the SFT run's evals have eval_limit = {sft}, this arm's {arm} "
+          "(hint: run the SFT and the arms with the same EVAL_LIMIT)", file=sys.stderr)
+    sys.exit(2)
+PYEOF
   for f in $shared; do
     [[ -e "$dir/eval/$f" ]] || cp "$SFT/eval/$f" "$dir/eval/$f"
   done

@@ -55,3 +55,20 @@ def test_each_arm_is_a_valid_config_with_the_reward_its_name_says(arm):
 def test_an_unknown_arm_is_refused_with_the_valid_ones():
     r = subprocess.run(["bash", "-c", _arm_functions() + '\narm_config "nope"\n'], capture_output=True, text=True)
     assert r.returncode == 2 and "valid: learn, fused, outcome" in r.stderr
+
+
+def test_an_arm_refuses_an_sft_run_evaluated_on_other_questions(tmp_path):
+    # an SFT run made with EVAL_LIMIT=20: an arm without it would compare its 100 answers with those 20
+    import os
+    import sys
+    sft = tmp_path / "sft"
+    for d in ("sft", "eval", "world"):
+        (sft / d).mkdir(parents=True)
+    for f in ("sft/model.safetensors", "eval/sft.parquet", "eval/questions.parquet"):
+        (sft / f).touch()
+    (sft / "config.json").write_text('{"run-all": {"eval_limit": 20}}')
+    env = {**os.environ, "RUNS": str(tmp_path / "runs"), "SFT_FROM": str(sft), "TRANSFER": "0", "ARMS": "learn",
+           "PY": sys.executable}
+    r = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "eval_limit = 20, this arm's 0" in r.stderr
+    assert not list((tmp_path / "runs" / "learn" / "eval").iterdir())  # nothing copied, no run started
