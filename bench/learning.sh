@@ -95,8 +95,8 @@ fi
 
 # Since session 23 the preset's reward is information gain with per-turn credit; the arms of sessions 13-22,
 # named for the reward they measured, say it explicitly so that their names keep their meaning
-ATR='process = "atr"\ncredit = "trajectory"\nschedule = "linear"\n'   # Atom-Searcher's fused reward
-OUTCOME='process = "none"\ncredit = "trajectory"\nschedule = "linear"\n'                    # DeepResearcher's F1-only reward
+ATR='process = "atr"\ncredit = "trajectory"\nschedule = "linear"\n'      # Atom-Searcher's fused reward
+OUTCOME='process = "none"\ncredit = "trajectory"\nschedule = "linear"\n'  # DeepResearcher's F1-only reward
 arm_config() {  # arm -> the TOML layered on the learn preset
   case "$1" in
     learn)   echo "" ;;   # the preset as it is (session 23: information gain, per-turn credit, forced eval answer)
@@ -155,18 +155,6 @@ if eval_limit:
 open(path, "w").write(run_all.to_toml(cfg))
 PYEOF
   fi
-  # the shared start: world, SFT checkpoint, the SFT eval's questions and answered table
-  [[ -e "$dir/world" ]] || ln -s "$(realpath "$SFT/world")" "$dir/world"
-  [[ -e "$dir/sft" ]] || ln -s "$(realpath "$SFT/sft")" "$dir/sft"
-  # an arm that evaluates differently (turns6: 6 turns instead of 4; the note arms: the last-turn note)
-  # evaluates the SFT checkpoint itself, with its own settings
-  own=0; [[ $arm == turns6 || $arm == *note || $arm == *force ]] && own=1
-  shared="questions.parquet"; [[ $own == 1 ]] || shared="$shared sft.parquet"
-  if [[ $TRANSFER != 0 ]]; then
-    [[ -e "$dir/real" ]] || ln -s "$(realpath "$SFT/real")" "$dir/real"
-    mkdir -p "$dir/eval/transfer"
-    shared="$shared transfer/questions.parquet"; [[ $own == 1 ]] || shared="$shared transfer/sft.parquet"
-  fi
   # the arm's evals are compared with the SFT eval, question by question: the same questions or a refusal
   # (an SFT run made with EVAL_LIMIT=20 and an arm without it would compare 100 answers with 20)
   "$PY" - "$SFT/config.json" "$RUNS/$arm.toml" <<'PYEOF' || exit 2
@@ -180,6 +168,18 @@ if sft != arm:
           "(hint: run the SFT and the arms with the same EVAL_LIMIT)", file=sys.stderr)
     sys.exit(2)
 PYEOF
+  # the shared start: world, SFT checkpoint, the SFT eval's questions and answered table
+  [[ -e "$dir/world" ]] || ln -s "$(realpath "$SFT/world")" "$dir/world"
+  [[ -e "$dir/sft" ]] || ln -s "$(realpath "$SFT/sft")" "$dir/sft"
+  # an arm that evaluates differently (turns6: 6 turns instead of 4; the note arms: the last-turn note)
+  # evaluates the SFT checkpoint itself, with its own settings
+  own=0; [[ $arm == turns6 || $arm == *note || $arm == *force ]] && own=1
+  shared="questions.parquet"; [[ $own == 1 ]] || shared="$shared sft.parquet"
+  if [[ $TRANSFER != 0 ]]; then
+    [[ -e "$dir/real" ]] || ln -s "$(realpath "$SFT/real")" "$dir/real"
+    mkdir -p "$dir/eval/transfer"
+    shared="$shared transfer/questions.parquet"; [[ $own == 1 ]] || shared="$shared transfer/sft.parquet"
+  fi
   for f in $shared; do
     [[ -e "$dir/eval/$f" ]] || cp "$SFT/eval/$f" "$dir/eval/$f"
   done

@@ -72,3 +72,4 @@ def test_an_arm_refuses_an_sft_run_evaluated_on_other_questions(tmp_path):
     r = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "eval_limit = 20, this arm's 0" in r.stderr
     assert not list((tmp_path / "runs" / "learn" / "eval").iterdir())  # nothing copied, no run started
+    assert not (tmp_path / "runs" / "learn" / "world").exists()  # refused before the arm folder is seeded
