@@ -86,7 +86,8 @@ if [[ -n "${SFT_FROM:-}" ]]; then
   [[ -e "$SFT/sft/model.safetensors" && -e "$SFT/eval/sft.parquet" ]] || { echo "SFT_FROM=$SFT_FROM is not a finished SFT run" >&2; exit 2; }
 else
   SFT="$RUNS/sft"
-  { printf '[run-all]\nsteps = 0\neval_limit = %s\neval_base = false\n' "${EVAL_LIMIT:-0}"
+  # dev_questions = 0: the dev split is the arm's (the training questions its steps never draw)
+  { printf '[run-all]\nsteps = 0\neval_limit = %s\neval_base = false\ndev_questions = 0\n' "${EVAL_LIMIT:-0}"
     printf "$([[ $TRANSFER == 0 ]] && echo "$NO_TRANSFER")$STYLE_LINE"; } > "$RUNS/sft-only.toml"
   # resumable: what exists (world, checkpoint, evals) is kept
   atom run-all --demo --preset learn --config "$RUNS/sft-only.toml" --out "$SFT" $([[ -d "$SFT" ]] && echo --resume) \

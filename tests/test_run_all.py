@@ -514,3 +514,63 @@ def test_max_hops_leaves_harder_questions_out_of_every_step():
     assert run_all.plan_questions(hops, 10, 4, "hops", 0, 2, max_hops=0) == run_all.plan_questions(hops, 10, 4, "hops", 0, 2)
     with pytest.raises(InputError, match="max_hops"):
         run_all.plan_questions([3, 4], steps=1, per_step=1, curriculum="hops", max_hops=2)
+
+
+def test_held_out_dev_questions_are_never_drawn_by_a_step():
+    hops = [1, 2, 3, 4] * 25
+    plan = run_all.plan_questions(hops, steps=10, per_step=4, curriculum="balanced", seed=0, max_hops=2)
+    dev = run_all.held_out(plan, len(hops), 20)
+    drawn = {i for p in plan for i in p}
+    assert len(dev) == 20 and not drawn & set(dev)
+    assert {hops[i] for i in dev} == {1, 2, 3, 4}  # max_hops bounds the steps, not the dev split
+    assert dev == sorted(dev) and dev[0] == min(set(range(100)) - drawn)  # file order: resume finds the same
+    assert len(run_all.held_out(plan, len(hops), 1000)) == 100 - len(drawn)
+
+
+def _fake_reports(out: Path, split: str, f1: dict) -> None:
+    (out / "eval" / split).mkdir(parents=True, exist_ok=True)
+    for name, v in f1.items():
+        (out / "eval" / split / f"{name}.json").write_text(json.dumps({"overall": {"f1": v}}))
+
+
+def test_the_final_checkpoint_is_the_best_on_dev_not_on_test(tmp_path):
+    from types import SimpleNamespace
+    names = ["sft", "step-0005", "step-0010"]
+    _fake_reports(tmp_path, "", {"sft": 0.4, "step-0005": 0.3, "step-0010": 0.6})  # test would pick step 10
+    _fake_reports(tmp_path, run_all.DEV, {"sft": 0.5, "step-0005": 0.7, "step-0010": 0.5})
+    run = SimpleNamespace(out=tmp_path, candidates=[(n, f"ckpt/{n}") for n in names],
+                          cfg=SimpleNamespace(dev_questions=50), log=lambda msg: None)
+    assert run_all.choose_final(run) == ("step-0005", "ckpt/step-0005")
+    final = json.loads((tmp_path / run_all.FINAL_FILE).read_text())
+    assert final["dev_f1"] == 0.7 and final["test_f1"] == 0.3 and len(final["candidates"]) == 3
+    _fake_reports(tmp_path, run_all.DEV, {"sft": 0.7, "step-0005": 0.7, "step-0010": 0.5})
+    assert run_all.choose_final(run)[0] == "step-0005"  # a tie goes to the later eval point
+
+
+def test_dev_split_is_evaluated_at_every_eval_point_and_keeps_their_checkpoints(tmp_path):
+    cfg = tmp_path / "dev.toml"
+    # save_every = 2 would keep step 2 only: with a dev split the eval point at step 1 is kept too
+    cfg.write_text("[run-all]\nsteps = 2\neval_every = 1\neval_base = false\nsave_every = 2\ndev_questions = 3\n")
+    out = tmp_path / "run"
+    atom("run-all", "--demo", "--quick", "--config", cfg, "--out", out, check=True, timeout=900)
+    names = {"sft", "step-0001", "step-0002"}
+    assert {p.stem for p in (out / "eval" / run_all.DEV).glob("*.json")} == names
+    assert (out / "steps" / "0001" / "ckpt" / "config.json").exists()
+    dev = tableio.read_table(str(out / "eval" / run_all.DEV / "questions.parquet")).column("id").to_pylist()
+    drawn = {i for t in (1, 2) for i in
+             tableio.read_table(str(out / "steps" / f"{t:04d}" / "questions.parquet")).column("id").to_pylist()}
+    assert len(dev) == 3 and not drawn & set(dev)
+    final = json.loads((out / run_all.FINAL_FILE).read_text())
+    assert {c["name"] for c in final["candidates"]} == names
+    best = max(c["dev_f1"] for c in final["candidates"])
+    assert final["dev_f1"] == best and (out / final["checkpoint"].replace(str(out) + "/", "")).exists()
+    assert (out / "eval" / run_all.TRANSFER / f"{final['name']}.json").exists()
+    assert f"Final checkpoint: **{final['name']}**" in (out / "summary.md").read_text()
+
+
+def test_too_many_dev_questions_is_refused(tmp_path):
+    cfg = tmp_path / "dev.toml"
+    cfg.write_text("[run-all]\nsteps = 2\ndev_questions = 1000\n")
+    p = atom("run-all", "--demo", "--quick", "--config", cfg, "--out", tmp_path / "run")
+    assert p.returncode == 2 and b"dev_questions" in p.stderr
+    assert not (tmp_path / "run" / "steps").exists() and not (tmp_path / "run" / "sft").exists()

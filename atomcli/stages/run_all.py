@@ -64,6 +64,10 @@ class RunAllConfig:
                                  "with --demo: the real-text benchmark (SQLite docs)")
     transfer_search: str = opt("", "search SPEC for transfer_test")
     transfer_limit: int = opt(0, "transfer questions per eval (0 = all)")
+    dev_questions: int = opt(0, "hold out this many training questions that no step draws (the first ones in "
+                                "file order, every hop count), evaluate them like the test at every eval point "
+                                "after SFT, and name the eval point with the best dev F1 the run's final "
+                                "checkpoint (final.json; ties go to the later); 0 = the last step is final")
     curriculum: str = opt("file", "which training questions each step takes: file (file order), shuffle "
                                   "(seeded order), hops (shuffled; fewest hops first, all hops by the last step), "
                                   "balanced (shuffled; the hop counts take turns, so each gets an equal share of "
@@ -91,6 +95,8 @@ class RunAllConfig:
 
 
 CURRICULA = ("file", "shuffle", "hops", "balanced", "sources")
+TRANSFER, DEV = "transfer", "dev"  # eval/ subfolders of the second test set and of the held-out train questions
+FINAL_FILE = "final.json"  # which checkpoint the run chose as final, and why
 _HOPS = re.compile(r"(\d+)[ _-]?hop", re.I)
 
 
@@ -175,6 +181,17 @@ def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, 
     return plan
 
 
+def held_out(plan: list[list[int]], n_rows: int, n: int) -> list[int]:
+    """Row indices of the dev questions: the first n training questions (file order) that no step of
+    the plan draws, whatever their hop count (max_hops does not apply: the dev split stands for the
+    test, which keeps every hop count). A pure function of the plan, so resume finds the same ones.
+    Why: the last step's checkpoint is one point of a noisy walk (4 questions a step); the eval
+    points are scored on these unseen training questions and the best one is the run's final
+    checkpoint, without looking at the test split (LEARNING.md, session 24)."""
+    drawn = {i for step in plan for i in step}
+    return [i for i in range(n_rows) if i not in drawn][:n]
+
+
 def _balanced(hops: list, order: list[int], tiers: list, steps: int, per_step: int) -> list[list[int]]:
     """Every step draws from each hop count in turn (1, 2, ..., 1, 2, ...; the first count of step t+1
     follows the last of step t), each count in its own shuffled order, cycled once used up; a count whose
@@ -241,9 +258,15 @@ DEMO = {
 # RL checkpoints alike: without it an eval scores how often a policy runs out of turns, which a policy
 # that searches more does more often while it finds more. Measured (session 23): step 5 +0.080
 # [+0.003, +0.157] over the SFT, step 10 -0.053 [-0.120, +0.013] (back to one search): not yet the bar.
+# The final checkpoint (LEARNING.md, session 24): 4 questions a step make each update a noisy move of
+# the one prior on stopping, so the last step is one point of a walk, not the best the run found. 50
+# training questions that no step draws (dev_questions) score the SFT and every eval point, and the
+# best of them on that dev split is the run's final checkpoint (early stopping; the test split is
+# never looked at to choose it).
 LEARN = {
     "run-all": {"steps": 10, "questions_per_step": 4, "eval_limit": 0, "eval_every": 5, "eval_base": False,
-                "judge": "heuristic", "curriculum": "balanced", "max_hops": 2, "world_style": "stepwise"},
+                "judge": "heuristic", "curriculum": "balanced", "max_hops": 2, "world_style": "stepwise",
+                "dev_questions": 50},
     "sft": {**DEMO["sft"], "max_steps": 40, "precision": "bf16"},
     "rollout": {**DEMO["rollout"], "group_size": 8, "temperature": 0.7},
     "aggregate-reward": {"truncated": "fail", "process": "ig", "credit": "turn", "schedule": "constant"},
@@ -350,11 +373,14 @@ class Run:
         if self.follow is not None and self.save_every > 1:
             raise InputError("a served policy is synced from each step's checkpoint on disk: save_every must be 1",
                              hint="drop [run-all] save_every, or train an in-process policy (a local model)")
-        self.first_eval: tuple[str, dict] | None = None  # what every later eval is compared with
-        self.first_transfer: tuple[str, dict] | None = None
+        if self.cfg.dev_questions < 0:
+            raise InputError("[run-all] dev_questions must be >= 0", hint="0 = no dev split; the last step is final")
+        # per split ("" = the test, "transfer", "dev"): the first eval, which every later one is compared with
+        self.first: dict[str, tuple[str, dict]] = {}
         self.t0 = time.time()
         self.step_times: list[float] = []  # durations of the steps this process ran, for the ETA
         self.step_start: float | None = None
+        self.candidates: list[tuple[str, str]] = []  # (eval name, checkpoint) with a dev eval, in order
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -404,7 +430,9 @@ class Run:
         from atomcli.train.resident import ResidentPolicy
         if (out / "config.json").exists():
             return json.loads((out / checkpoint.METRICS_FILE).read_text())
-        save = (t + 1) % self.save_every == 0 or t + 1 == self.cfg.steps
+        # with a dev split every eval point may become the final checkpoint: it is kept on disk
+        save = (t + 1) % self.save_every == 0 or t + 1 == self.cfg.steps or \
+            bool(self.cfg.dev_questions and self.is_eval_point(t))
         self.log(f"grpo-step ({cfg.model}) -> {out.relative_to(self.out)}{'' if save else ' (in memory)'}")
         result = envelope.train_from_table("grpo-step", grpo_step, cfg, str(inp), str(out), self.ctx)
         resident = self.ctx.resident if self.ctx.resident is not None and self.ctx.resident.stands_for(cfg.model) \
@@ -419,18 +447,20 @@ class Run:
         self.ctx.forget_models()  # models loaded from disk (the SFT checkpoint's sampler) are not needed again
         return json.loads(json.dumps(schema._jsonable(result.metrics)))
 
-    def evaluate(self, name: str, model: str, *, transfer: bool = False) -> dict:
+    def evaluate(self, name: str, model: str, *, split: str = "") -> dict:
         """Greedy rollout of the test questions, then scores; cached as eval/<name>.json.
 
-        transfer: the second test set (eval/transfer/), compared with the first transfer eval."""
+        split: "transfer" (the second test set, eval/transfer/) or "dev" (the held-out training
+        questions, eval/dev/), each compared with its own first eval."""
         from atomcli import tableio
         from atomcli.stages import evaluate
-        folder = self.out / "eval" / ("transfer" if transfer else "")
+        transfer = split == TRANSFER
+        folder = self.out / "eval" / split
         report_path = folder / f"{name}.json"
-        first = self.first_transfer if transfer else self.first_eval
+        first = self.first.get(split)
         if report_path.exists():
             report = json.loads(report_path.read_text())
-            self._remember_first(transfer, name, report)
+            self.first.setdefault(split, (name, report))
             return report
         questions = folder / "questions.parquet"
         ecfg = dataclasses.replace(self.eval, model=model,
@@ -446,19 +476,25 @@ class Run:
             report["compare"] = compare.compare_reports(report, first[1], baseline_name=first[0], seed=self.cfg.seed)
             vs = f"  (vs {first[0]}: ΔF1 {compare.describe(report['compare']['overall']['f1'])})"
         tableio.write_bytes_atomic(report_path, json.dumps(report, indent=2).encode())
-        self._remember_first(transfer, name, report)
-        self.log(f"eval {'transfer ' if transfer else ''}{name}: F1 {report['overall']['f1']:.3f}  "
+        self.first.setdefault(split, (name, report))
+        self.log(f"eval {split + ' ' if split else ''}{name}: F1 {report['overall']['f1']:.3f}  "
                  f"EM {report['overall']['em']:.3f}{vs}")
         return report
 
-    def _remember_first(self, transfer: bool, name: str, report: dict) -> None:
-        if transfer:
-            self.first_transfer = self.first_transfer or (name, report)
-        else:
-            self.first_eval = self.first_eval or (name, report)
-
     def evaluate_transfer(self, name: str, model: str) -> dict | None:
-        return self.evaluate(name, model, transfer=True) if self.cfg.transfer_test else None
+        return self.evaluate(name, model, split=TRANSFER) if self.cfg.transfer_test else None
+
+    def eval_point(self, name: str, model: str) -> None:
+        """The test eval of a checkpoint, and its dev eval when the run holds out a dev split
+        (a candidate for the final checkpoint)."""
+        self.evaluate(name, model)
+        if self.cfg.dev_questions:
+            self.evaluate(name, model, split=DEV)
+            self.candidates.append((name, model))
+
+    def is_eval_point(self, t: int) -> bool:
+        """Step t (0-based) is evaluated: every eval_every steps and the last."""
+        return t + 1 == self.cfg.steps or bool(self.cfg.eval_every and (t + 1) % self.cfg.eval_every == 0)
 
 
 def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context, preset: str = "demo",
@@ -538,6 +574,11 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
     per_step = cfg.questions_per_step * (1 + cfg.dynamic_sampling)
     plan = plan_questions(question_hops(train), cfg.steps, per_step, cfg.curriculum, cfg.seed,
                           cfg.curriculum_levels, cfg.max_hops, question_sources(train))
+    dev_rows = held_out(plan, train.num_rows, cfg.dev_questions)
+    if cfg.dev_questions and len(dev_rows) < cfg.dev_questions:
+        raise InputError(f"dev_questions = {cfg.dev_questions}, but only {len(dev_rows)} training questions are "
+                         f"left once the {cfg.steps} steps have drawn theirs", file=cfg.train,
+                         hint="lower [run-all] dev_questions, or give more training questions")
     # only once the inputs are known good: a refused run leaves the folder empty, so fixing
     # the input and running the same command again works without --resume
     _mark(run_dir, settings)
@@ -545,22 +586,24 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
         test = test.slice(0, cfg.eval_limit)
     if not (run_dir / "eval" / "questions.parquet").exists():
         tableio.write_table(test, str(run_dir / "eval" / "questions.parquet"))
-    if cfg.transfer_test and not (run_dir / "eval" / "transfer" / "questions.parquet").exists():
+    if cfg.transfer_test and not (run_dir / "eval" / TRANSFER / "questions.parquet").exists():
         transfer = run.read(Path(cfg.transfer_test), "rollout")
         if cfg.transfer_limit:
             transfer = transfer.slice(0, cfg.transfer_limit)
-        tableio.write_table(transfer, str(run_dir / "eval" / "transfer" / "questions.parquet"))
+        tableio.write_table(transfer, str(run_dir / "eval" / TRANSFER / "questions.parquet"))
+    if cfg.dev_questions and not (run_dir / "eval" / DEV / "questions.parquet").exists():
+        tableio.write_table(train.take(dev_rows), str(run_dir / "eval" / DEV / "questions.parquet"))
 
     from atomcli.engines import policy_sync
     model = policy_sync.trainer_model(cfg.model)  # a local checkpoint; a served policy follows it
     if cfg.eval_base:
-        run.evaluate("base", model)
+        (run.evaluate if cfg.sft_data else run.eval_point)("base", model)
         if not cfg.sft_data:
             run.evaluate_transfer("base", model)
     if cfg.sft_data:
         run.train_stage("sft", sft, run.sft, Path(cfg.sft_data), run_dir / "sft")
         model = str(run_dir / "sft")
-        run.evaluate("sft", model)
+        run.eval_point("sft", model)
         run.evaluate_transfer("sft", model)
     start = model
 
@@ -584,20 +627,41 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
             # with runs without dynamic sampling (the kept groups alone would hide the flat ones)
             _log_metrics(run, t, d, first, counts, ckpt_metrics)
         model = str(ckpt)
-        if cfg.eval_every and (t + 1) % cfg.eval_every == 0 and t + 1 < cfg.steps:
+        if run.is_eval_point(t) and t + 1 < cfg.steps:
             name = f"step-{t + 1:04d}"
             lost = not (ckpt / "config.json").exists() and not (run_dir / "eval" / f"{name}.json").exists()
             if t + 1 < last and lost:
                 run.log(f"[yellow]note:[/] eval {name} is missing and its checkpoint was not saved: skipped")
             else:
-                run.evaluate(name, model)  # between saves: the in-memory policy
+                run.eval_point(name, model)  # between saves: the in-memory policy
     if cfg.steps:
-        run.evaluate(f"step-{cfg.steps:04d}", model)
+        run.eval_point(f"step-{cfg.steps:04d}", model)
         run.evaluate_transfer(f"step-{cfg.steps:04d}", model)
+    if run.candidates:
+        name, model = choose_final(run)
+        run.evaluate_transfer(name, model)  # the final checkpoint's transfer (cached when it is the last step)
 
     from atomcli.stages import run_report
     run_report.write(run_dir, context)
     run.log(f"[green]done[/]: {run_dir}/summary.md")
+
+
+def choose_final(run: Run) -> tuple[str, str]:
+    """The eval point with the best dev F1 (ties: the later) is the run's final checkpoint; written
+    to final.json with every candidate's dev and test F1. Returns (eval name, checkpoint)."""
+    from atomcli import tableio
+    scored = []
+    for name, model in run.candidates:
+        dev = json.loads((run.out / "eval" / DEV / f"{name}.json").read_text())
+        test = json.loads((run.out / "eval" / f"{name}.json").read_text())
+        scored.append({"name": name, "checkpoint": model, "dev_f1": dev["overall"]["f1"],
+                       "test_f1": test["overall"]["f1"]})
+    best = max(reversed(range(len(scored))), key=lambda i: scored[i]["dev_f1"])  # reversed: ties -> later
+    final = {**scored[best], "rule": "best dev F1 over the eval points (ties: the later)",
+             "dev_questions": run.cfg.dev_questions, "candidates": scored}
+    tableio.write_bytes_atomic(run.out / FINAL_FILE, json.dumps(final, indent=2).encode())
+    run.log(f"final checkpoint: {final['name']} (dev F1 {final['dev_f1']:.3f}; test F1 {final['test_f1']:.3f})")
+    return final["name"], final["checkpoint"]
 
 
 def _resume_point(run: Run) -> int:
