@@ -14,6 +14,9 @@ Layout of RUN_DIR:
                                 with dynamic_sampling: steps/0001/round-2/... (the same tables per
                                 reserve round) and steps/0001/selected.parquet (the groups trained on)
     eval/{base,sft,step-0003}.{parquet,json}
+    eval/transfer/...           the second test set's evals (transfer_test)
+    eval/dev/...                with dev_questions: the held-out training questions' evals of every
+                                eval point after SFT; final.json names the best of them (the final checkpoint)
     metrics.jsonl, evals.jsonl, plots/*.png, summary.md, config.json, atom_run.json (the marker)
 
 Resident loop: the policy, its AdamW state and the KL reference stay in memory from step to step
