@@ -667,6 +667,17 @@ def choose_final(run: Run) -> tuple[str, str]:
     return final["name"], final["checkpoint"]
 
 
+def describe_final(run_dir: Path) -> str | None:
+    """The line of summary.md that names the final checkpoint (None: the run chose none)."""
+    path = Path(run_dir) / FINAL_FILE
+    if not path.exists():
+        return None
+    final = json.loads(path.read_text())
+    return (f"Final checkpoint: **{final['name']}** (`{final['checkpoint']}`): the best dev F1 "
+            f"({final['dev_f1']:.3f}) of {len(final['candidates'])} eval points on {final['dev_questions']} "
+            f"held-out training questions; its test F1 is {final['test_f1']:.3f}.")
+
+
 def _resume_point(run: Run) -> int:
     """The last step (1-based) whose checkpoint is saved (0: none). The steps after it are redone: the
     next one keeps its tables (made by the saved policy) but not its metrics; later ones go whole, their

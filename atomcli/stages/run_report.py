@@ -28,15 +28,13 @@ def write(run_dir: Path, context=None) -> Path:
     if (run_dir / "metrics.jsonl").exists():
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     evals = _evals(run_dir)
-    from atomcli.stages.run_all import DEV, FINAL_FILE, TRANSFER
+    from atomcli.stages.run_all import DEV, TRANSFER, describe_final
     transfer, dev = _evals(run_dir, TRANSFER), _evals(run_dir, DEV)
     plots = _plots(run_dir, metrics, evals)
     lines = ["# atomcli run summary", "", f"Run folder: `{run_dir}`", ""]
-    if (run_dir / FINAL_FILE).exists():
-        final = json.loads((run_dir / FINAL_FILE).read_text())
-        lines += [f"Final checkpoint: **{final['name']}** (`{final['checkpoint']}`): the best dev F1 "
-                  f"({final['dev_f1']:.3f}) of {len(final['candidates'])} eval points on "
-                  f"{final['dev_questions']} held-out training questions; its test F1 is {final['test_f1']:.3f}.", ""]
+    final = describe_final(run_dir)
+    if final:
+        lines += [final, ""]
     for title, reports in (("Evaluation (test split)", evals),
                            ("Dev: held-out training questions (they choose the final checkpoint)", dev),
                            ("Transfer: real documents (test split of the real-text benchmark)", transfer)):
