@@ -1,0 +1,77 @@
+"""Where an agent loses real-text questions: search, reading, or copying the question (no model run).
+
+For every answered table given (an `atom eval` or run-all `eval/**/NAME.parquet`), each trajectory is put in one
+of four classes:
+
+- right: F1 >= 0.5 against a golden answer;
+- copied: wrong, and the answer is a piece of the question or of the agent's own search queries (the failure of a
+  policy that learned the expert's query wording but not where the answer sits in the text it read);
+- lost in reading: wrong, not copied, and a golden answer occurs in a tool response the agent saw;
+- not found: wrong, and no tool response held a golden answer.
+
+The counts tell which side of issue 20 a change moved: "answer in hand" is what search gave the agent, and
+right / answer-in-hand is how well it read.
+
+    python bench/real_docs/reading.py runs/s26/sr/eval/transfer/sft.parquet runs/s26/srrl/eval/transfer/*.parquet
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+CLASSES = ("right", "copied", "lost in reading", "not found")
+
+
+def classify(row: dict) -> tuple[str, bool]:
+    """(class, golden answer seen in a tool response) of one answered trajectory."""
+    from atomcli.rewards import metrics
+    golds = [g for g in row["golden_answers"] if metrics.normalize(g)]
+    seen = " ".join(m["content"] for m in row["messages"] if m["role"] == "tool")
+    in_hand = any(metrics.normalize(g) in metrics.normalize(seen) for g in golds)
+    answer = row["answer"] or ""
+    if answer and metrics.f1(answer, golds) >= 0.5:
+        return "right", in_hand
+    queries = " ".join(call["arguments"] or "" for call in row["tool_calls"] or [])
+    said = metrics.normalize(answer)
+    if len(said) > 3 and (said in metrics.normalize(row["question"]) or said in metrics.normalize(queries)):
+        return "copied", in_hand
+    return ("lost in reading" if in_hand else "not found"), in_hand
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tables", nargs="+", type=Path, help="answered tables (eval parquet files)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per table instead of a Markdown table")
+    args = ap.parse_args()
+    import pyarrow.parquet as pq
+    if not args.json:
+        print("| table | n | answer in hand | right (in hand) | copied | lost in reading | not found |")
+        print("|---|---|---|---|---|---|---|")
+    for path in args.tables:
+        if "answer" not in pq.read_schema(path).names:  # e.g. eval/questions.parquet caught by a glob
+            print(f"{path}: not an answered table (no `answer` column), skipped", file=sys.stderr)
+            continue
+        rows = pq.read_table(path, columns=["question", "golden_answers", "answer", "messages",
+                                            "tool_calls"]).to_pylist()
+        counts = dict.fromkeys(CLASSES, 0)
+        in_hand = right_in_hand = 0
+        for row in rows:
+            cls, seen = classify(row)
+            counts[cls] += 1
+            in_hand += seen
+            right_in_hand += seen and cls == "right"
+        if args.json:
+            print(json.dumps({"table": str(path), "n": len(rows), "answer_in_hand": in_hand,
+                              "right_in_hand": right_in_hand, **counts}))
+        else:
+            print(f"| {path} | {len(rows)} | {in_hand} | {counts['right']} ({right_in_hand}) | {counts['copied']} | "
+                  f"{counts['lost in reading']} | {counts['not found']} |")
+
+
+if __name__ == "__main__":
+    main()
