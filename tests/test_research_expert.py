@@ -217,29 +217,3 @@ def test_an_unknown_style_lists_the_valid_ones(tmp_path):
     proc = atom("demo-world", "--out", tmp_path / "w", "--style", "fancy")
     assert proc.returncode == 2 and b"research" in proc.stderr
     assert not (tmp_path / "w").exists()
-
-
-@pytest.mark.parametrize("span, noun", [("3.32.0", "version"), ("2000", "number"), ("1,000,000,000", "number"),
-                                        ("0x00 0x01", "number"), ("five", "number"), ("8-byte", "number"),
-                                        ("SQLITE_FULL", "name"), ("printf()", "name"), ("xBestIndex()", "name"),
-                                        ("sqlite3_version[]", "name"), ("OFF", "keyword"),
-                                        ("INSERT OR REPLACE", "keyword"), ("Sunday", "phrase"),
-                                        ("window functions", "phrase")])
-def test_answer_kinds(span, noun):
-    from atomcli.demo import real_sft
-    assert real_sft.answer_kind(span)[1] == noun
-
-
-def test_real_trajectories_name_the_kind_of_span_and_read_it_off_the_quote(rows):
-    """The first plan says what kind of span answers; the last thought names that kind next to the answer,
-    right after the quote it was copied from."""
-    from atomcli.demo import real_sft
-    real = [r for r in rows if r["data_source"].startswith("sqlite_")]
-    for r in real:
-        kind, noun = real_sft.answer_kind(r["golden_answers"][0])
-        units = assistant_units(r)
-        assert units[0][0] == "PLAN" and kind in units[0][1], (r["id"], units[0])
-        last = [u for m in r["messages"][-1:] for u in agent_format.atomic_thoughts(m["content"])]
-        assert last[0][0] == "OBSERVATION" and r["answer"].lower() in last[0][1].lower()
-        assert last[-1][0] == "REFLECTION" and f"{noun}" in last[-1][1] and last[-1][1].rstrip(".").endswith(r["answer"])
-    assert len({real_sft.answer_kind(r["golden_answers"][0])[1] for r in real}) == 5

@@ -17,10 +17,7 @@ knowledge) and only uses it to judge what the tools returned, never as text in a
   identifier that passage names (read from its snippet, or from the page when the snippet
   shows none) and searches for it;
 - when the answer's passage is found but its snippet lacks the answer, it browses it;
-- its first plan names the kind of span the question asks for (a number, a version, a name, a keyword, a
-  phrase), and after quoting the sentence that states the answer it reads that kind of span off the quote and
-  answers with it as written there (session 26: most wrong real answers were the agent's own query words; a
-  thought that says what kind of span to copy points the copy away from them).
+- it quotes the sentence that states the answer and answers with the span as written there.
 """
 
 from __future__ import annotations
@@ -36,30 +33,6 @@ from atomcli.demo import world
 MAX_SEARCHES = 4
 # Names a passage can bridge through: C functions and constants, SQL functions.
 IDENT_RE = re.compile(r"\b(?:sqlite3_\w+(?:\(\))?|SQLITE_[A-Z0-9_]+|[a-z_]+\(\))")
-# The kind of span an answer is, as the plan names it and as the last thought reads it off: (test, kind, noun).
-_NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
-ANSWER_KINDS = (
-    (re.compile(r"\d+\.\d+\.\d+"), "a version number", "version"),
-    (re.compile(r"[-+?]?(?:0x[0-9a-f]+|\d[\d,.]*)(?:[ -]\S+)?|(?:%s)\b.*" % "|".join(_NUMBER_WORDS), re.I),
-     "a number", "number"),
-    (re.compile(r".*(?:_|\(|\[).*|[a-z]+[A-Z]\w*"), "a name from the API", "name"),
-    (re.compile(r"[A-Z][A-Z0-9]*(?: [A-Z][A-Z0-9]*)*"), "a keyword", "keyword"),
-)
-KIND_PHRASES = {
-    "kind": ("The answer should be {kind}.", "What is asked for is {kind}.", "Expect {kind} as the answer.",
-             "This wants {kind}.", "The reply will be {kind}."),
-    "read": ("The {noun} in that sentence is {answer}.", "So the {noun} asked for is {answer}.",
-             "Reading the {noun} off the text: {answer}.", "That gives the {noun}: {answer}.",
-             "The {noun} it states is {answer}."),
-}
-
-
-def answer_kind(span: str) -> tuple[str, str]:
-    """(kind as the plan says it, noun as the last thought says it) of a golden answer span."""
-    for pattern, kind, noun in ANSWER_KINDS:
-        if pattern.fullmatch(span):
-            return kind, noun
-    return "a short phrase", "phrase"
 
 
 def trajectories(name: str, *, seed: int = 0, context=None, spec: str = "") -> tuple[list[dict], int]:
@@ -107,9 +80,7 @@ class RealExpert:
         rec = rx.Recorder(self.tb, {k: q[k] for k in FLASHRAG_FIELDS}, f"{q['id']}/0")
         terms = rx.key_terms(q["question"])
         goal = "a page about " + " ".join(self._rarest(terms, 3))
-        kind, noun = answer_kind(gold)
-        units = [("PLAN", rx.say(rng, "plan_start", goal=goal, terms=", ".join(terms)) + " "
-                  + rng.choice(KIND_PHRASES["kind"]).format(kind=kind))]
+        units = [("PLAN", rx.say(rng, "plan_start", goal=goal, terms=", ".join(terms)))]
         queries = self._queries(terms, answer_id, bridge_id)
         target, bridged = local_url(answer_id), False
         while queries and len(rec.queries) < MAX_SEARCHES:
@@ -121,7 +92,7 @@ class RealExpert:
             units = []
             own = next((r for r in hits if r["url"] == target), None)
             if own is not None:
-                return self._read(rec, rng, own, gold, terms, units, noun)
+                return self._read(rec, rng, own, gold, terms, units)
             bridge = next((r for r in hits if bridge_id and r["url"] == local_url(bridge_id)), None)
             if bridge is not None and not bridged:
                 ident, units = self._bridge(rec, rng, bridge, answer_id, q["question"])
@@ -156,7 +127,7 @@ class RealExpert:
                     out.append(" ".join(shared + [t for t in self._rarest(terms, 2) if t not in shared]))
         return [x for i, x in enumerate(out) if x and x not in out[:i]]
 
-    def _read(self, rec, rng, own: dict, gold: str, terms: list[str], units, noun: str) -> dict | None:
+    def _read(self, rec, rng, own: dict, gold: str, terms: list[str], units) -> dict | None:
         """The answer from the passage's snippet, or from the page when the snippet lacks it."""
         text = own["snippet"]
         if rx.copy_span(text, gold) is None:
@@ -171,7 +142,7 @@ class RealExpert:
         units = [("OBSERVATION", rx.say(rng, "found", quote=said))]
         if rng.random() < 0.4:
             units.append(("VERIFICATION", rx.say(rng, "verify", target=own["title"])))
-        units.append(("REFLECTION", rng.choice(KIND_PHRASES["read"]).format(noun=noun, answer=span)))
+        units.append(("REFLECTION", rx.say(rng, "done", answer=span)))
         return rec.finish(units, span)
 
     def _bridge(self, rec, rng, bridge: dict, answer_id: str, question: str) -> tuple[str | None, list]:
