@@ -307,6 +307,23 @@ def test_stepwise_real_mixes_the_real_benchmarks_train_part_into_corpus_question
     first_real = next(i for i, r in enumerate(rows) if r in real_rows)
     assert first_real < len(rows) - len(real_rows)  # shuffled in, not appended
     assert schema.provenance(pq.read_table(out / "sft.parquet"))[-1]["config"]["real"] == demo_world.REAL_MIX
+    # the demo rows observe each fact as the tool output's own sentence, as the real rows do: the quote is in the
+    # observation just before that turn, and the last quote holds the answer
+    demo_rows = [r for r in rows if r not in real_rows]
+    quoted = 0
+    for r in demo_rows:
+        last = None
+        for before, turn in zip(r["messages"][1:], r["messages"][2:]):
+            if turn["role"] != "assistant":
+                continue
+            for tag, x in agent_format.atomic_thoughts(turn["content"]):
+                said = re.fullmatch(r'[^"]*"(?P<q>[^"]+)"\.', x) if tag == "OBSERVATION" else None
+                if said:
+                    assert before["role"] == "tool" and said["q"] in before["content"], (x, before["content"])
+                    assert "states that" not in x
+                    quoted, last = quoted + 1, said["q"]
+        assert last is not None and r["answer"] in last, r["messages"][-1]["content"]
+    assert quoted >= sum(r["n_search"] for r in demo_rows) // 2
     # the real rows' observations come from this world's own index: their urls resolve in it
     from atomcli.env import search_local
     index = search_local.LocalIndex(str(out / "index.sqlite"))

@@ -47,7 +47,9 @@ in train.jsonl (so run-all's steps draw both under a shuffled curriculum: shuffl
 and `real_sft`'s expert trajectories over them, searched in this world's own index, are shuffled
 into the SFT set. Its test split is never read: it stays the transfer benchmark. The shared index
 changes the demo questions' results too (the real passages shift BM25's statistics and a few rank
-among them): with seed 0, 148 of the 200 demo SFT trajectories differ from stepwise's.
+among them): with seed 0, 148 of the 200 demo SFT trajectories differ from stepwise's. Its demo expert
+observes each fact by quoting the tool output's sentence ("Found it: \"Vroumgrou is a city in
+Skagromia\"."), as the real-text expert does, so both kinds of row teach one way to read.
 
 `serve(corpus)` serves every article as a small HTML page on a loopback port, so browsing
 over real HTTP can be exercised in tests and demos.
@@ -560,11 +562,15 @@ def question_descs(q: Question, world: World) -> list[str]:
 class Expert:
     """Solves demo questions with the real tools, one hop per turn, writing atomic thoughts."""
 
-    def __init__(self, toolbox, world: World, seed: int, *, stepwise: bool = False):
-        self.tb, self.world, self.seed, self.stepwise = toolbox, world, seed, stepwise
+    def __init__(self, toolbox, world: World, seed: int, *, stepwise: bool = False, quote: bool = False):
+        # quote (stepwise-real): each fact is observed as the tool output's own sentence, as the real-text
+        # expert does, instead of the fact template "The result for X states that ..." (which the policy filled
+        # with its own query on real text and answered with that query, bench/LEARNING.md session 27)
+        self.tb, self.world, self.seed, self.stepwise, self.quote = toolbox, world, seed, stepwise, quote
 
     def solve(self, q: Question) -> dict:
         from atomcli.agent import format as af
+        from atomcli.demo import research_expert as rx  # it imports this module
         rng = random.Random(f"demo-expert:{self.seed}:{q.id}")
         traj_id = f"{q.id}/0"
         msgs = [{"role": "system", "content": af.system_prompt(date=SYSTEM_DATE)},
@@ -603,27 +609,30 @@ class Expert:
             units.append(("ACTION", rng.choice(ACTION_SEARCH).format(goal=g)))
             query = rng.choice(rel.queries).format(s=subject, **words)
             obs = act(units, "web_search", {"query": [query]})
-            value, own = self._read(rel, subject, obs, snippet=True)
+            value, own, where = self._read(rel, subject, obs, snippet=True)
             units = []
             if own is None:  # the subject's article was not in the top results: search the bare name
                 units = [("REFLECTION", rng.choice(NOT_FOUND).format(t=subject)),
                          ("PLAN", f"Search for the name {subject} alone."),
                          ("ACTION", f"Search for {subject}.")]
                 obs = act(units, "web_search", {"query": [subject]})
-                value, own = self._read(rel, subject, obs, snippet=True)
+                value, own, where = self._read(rel, subject, obs, snippet=True)
                 units = []
             if value is None and own is not None:  # the snippet stops short: read the page
                 units = [("OBSERVATION", rng.choice(SNIPPET_SHORT).format(t=subject, goal=g)),
                          ("PLAN", "Open the article and read it in full."),
                          ("ACTION", f"Browse {own}.")]
                 obs = act(units, "browse_webpage", {"url_list": [own], "query": g})
-                value, _ = self._read(rel, subject, obs, snippet=False)
+                value, _, where = self._read(rel, subject, obs, snippet=False)
                 units = []
             if value is None:
                 units = [("REFLECTION", f"I could not find {g} in what the tools returned.")]
                 break
             fact = rel.states.format(s=subject, v=value, **words)
-            units.append(("OBSERVATION", rng.choice(OBS).format(t=subject, fact=fact)))
+            said = rx.quote(where, value, [subject]) if self.quote else None
+            # one rng draw either way, so the styles without quotes keep their bytes
+            units.append(("OBSERVATION", rx.say(rng, "found", quote=said) if said
+                          else rng.choice(OBS).format(t=subject, fact=fact)))
             if rng.random() < 0.3:
                 units.append(("VERIFICATION", rng.choice(VERIFY).format(t=subject)))
             if rng.random() < 0.25:
@@ -657,8 +666,10 @@ class Expert:
                 "n_browse": sum(c["name"] == "browse_webpage" for c in calls), "tool_calls": calls}
 
     @staticmethod
-    def _read(rel: Relation, subject: str, obs: str, *, snippet: bool) -> tuple[str | None, str | None]:
-        """(value, url of the subject's own article) from an observation; None where absent.
+    def _read(rel: Relation, subject: str, obs: str, *,
+              snippet: bool) -> tuple[str | None, str | None, str | None]:
+        """(value, url of the subject's own article, the text that states the value) from an observation;
+        None where absent.
 
         From search results only the result titled `subject` counts, and a value cut off by the
         snippet's end (`…`) does not; from a browsed page the whole text counts."""
@@ -675,8 +686,8 @@ class Expert:
             for pat in rel.patterns:
                 m = re.search(pat + r"(?=[.,;:)]| [a-z(]|\s*$)", text)  # a value then a clause boundary
                 if m:
-                    return m["v"], own
-        return None, own
+                    return m["v"], own, text
+        return None, own, None
 
 
 # --- files --------------------------------------------------------------------------------------------------
@@ -772,9 +783,9 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
         index = str(tmp / "index.sqlite")
         search_local.build_index(str(tmp / "corpus.jsonl"), index)
         spec = "local:" + index
-        rows, dropped = expert_trajectories(spec, ctx, lambda tools: Expert(tools, world, seed, stepwise=stepwise),
-                                            train_q,
-                                            lambda q: q.golden_answers, limit=sft)
+        rows, dropped = expert_trajectories(
+            spec, ctx, lambda tools: Expert(tools, world, seed, stepwise=stepwise, quote=bool(real)), train_q,
+            lambda q: q.golden_answers, limit=sft)
         real_rows, real_dropped = [], 0
         if real:  # searched in this world's own index: the observations its rollouts of these questions get
             real_rows, real_dropped = real_sft.trajectories(real, seed=seed, context=ctx, spec=spec)
