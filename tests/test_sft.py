@@ -149,3 +149,29 @@ def test_two_process_launch_matches_one_process(tiny_model, tmp_path):
     base = load_file(tiny_model / "model.safetensors")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
     assert max((base[k] - b[k]).abs().max().item() for k in b) > 1e-2  # and it did train
+
+
+def test_length_sampling_batches_rows_of_similar_length(tiny_model, tok):
+    """--sampling length: every row once an epoch, in batches that pad less than random ones (the rows are
+    grouped within random quarters of the set, so not all alike); an unknown
+    sampling is refused with the valid names."""
+    rows = [messages(f"question {i} " + "about a long topic " * (i % 8) * 6, f"Answer{i}") for i in range(96)]
+    table = pa.table({"messages": schema.array("messages", rows)})
+    examples, _ = sft.build_examples(table, tok)
+    model, _ = models.load(str(tiny_model))
+
+    def padding(sampling):
+        trainer, out_dir = sft._trainer(model, tok, examples, sft.SFTConfig(batch_size=4, sampling=sampling))
+        torch.manual_seed(0)
+        seen, pad, total = [], 0, 0
+        for batch in trainer.get_train_dataloader():
+            mask = batch["attention_mask"]
+            pad, total = pad + int((mask == 0).sum()), total + mask.numel()
+            seen += [tuple(x[m.bool()].tolist()) for x, m in zip(batch["input_ids"], mask)]
+        assert sorted(seen) == sorted(tuple(x) for x in examples["input_ids"])  # every row, once
+        return pad / total
+
+    grouped, shuffled = padding("length"), padding("random")
+    assert grouped < 0.6 * shuffled and shuffled > 0.1
+    with pytest.raises(InputError, match="length, random"):
+        sft.run(table, sft.SFTConfig(model=str(tiny_model), sampling="sorted"), Context(quiet=True))

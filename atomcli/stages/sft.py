@@ -29,7 +29,11 @@ import time
 from dataclasses import dataclass
 
 from atomcli.config import opt
-from atomcli.errors import InputError
+from atomcli.errors import InputError, unknown_choice
+
+
+# --sampling: ours -> transformers' train_sampling_strategy (its LengthGroupedSampler for "length")
+SAMPLING = {"random": "random", "length": "group_by_length"}
 
 
 @dataclass
@@ -48,6 +52,10 @@ class SFTConfig:
     precision: str = opt("auto", "mixed precision: bf16 or fp32 (auto: bf16 on a GPU that supports it, else fp32); "
                                  "bf16 autocasts the matmuls and keeps fp32 master weights, and on a CPU with "
                                  "AMX (bench/RESULTS.md) it is several times faster")
+    sampling: str = opt("random", "batch order: random, or length (rows of similar length batched together within "
+                                  "random quarters of the set, at most 50 batches each, longest first: less "
+                                  "padding; every row once an epoch, but max_steps short of an epoch skips "
+                                  "the shortest rows of the last quarter it reaches)")
     lora: bool = opt(False, "train a LoRA adapter (peft) and merge it into the saved checkpoint")
     lora_r: int = opt(16, "LoRA rank")
     seed: int = opt(0, "random seed")
@@ -133,6 +141,8 @@ def _check_config(config: SFTConfig) -> None:
         raise InputError("--lr and --epochs must be > 0")
     if not 0 <= config.warmup_ratio < 1:
         raise InputError("--warmup-ratio must be in [0, 1)")
+    if config.sampling not in SAMPLING:
+        raise unknown_choice("sampling", config.sampling, SAMPLING)
     from atomcli.train.accel import check_precision
     check_precision(config.precision)
 
@@ -245,7 +255,7 @@ def _trainer(model, tok, examples: dict, config: SFTConfig):
         fp16=False, per_device_train_batch_size=config.batch_size, gradient_accumulation_steps=config.grad_accum,
         num_train_epochs=config.epochs, max_steps=config.max_steps or -1, learning_rate=config.lr,
         lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup_ratio,  # a float < 1 is a ratio
-        seed=config.seed,
+        seed=config.seed, train_sampling_strategy=SAMPLING[config.sampling],
         max_length=config.max_length, gradient_checkpointing=config.gradient_checkpointing,
         report_to="none", disable_tqdm=True, logging_steps=1, save_strategy="no", dataloader_num_workers=0,
     )
