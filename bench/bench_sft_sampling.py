@@ -6,7 +6,7 @@ Padding (no model run): the share of each padded batch that is padding, over one
 with the very index functions transformers' samplers use (a random permutation; `get_length_grouped_indices`),
 averaged over `--seeds` shuffles. Padded tokens are what a CPU step pays for: attention and the MLP run on them.
 
-`--time-rows N` (N a multiple of 4 x batch size) also times one SFT epoch over the same N random rows with each
+`--time-rows N` also times one SFT epoch over the same N random rows with each
 sampler (SmolLM2, bf16 as the learn preset trains, the one that ran first alternating per repeat) and prints the
 ratio of the wall times. Both runs see the same rows once each, so the ratio is the cost of the padding alone.
 Run it alone: it is a model job.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -162,6 +163,7 @@ def test_length_sampling_batches_rows_of_similar_length(tiny_model, tok):
 
     def padding(sampling):
         trainer, out_dir = sft._trainer(model, tok, examples, sft.SFTConfig(batch_size=4, sampling=sampling))
+        shutil.rmtree(out_dir)  # TRL's output folder; nothing is trained here
         torch.manual_seed(0)
         seen, pad, total = [], 0, 0
         for batch in trainer.get_train_dataloader():
