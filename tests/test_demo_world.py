@@ -308,21 +308,25 @@ def test_stepwise_real_mixes_the_real_benchmarks_train_part_into_corpus_question
     assert first_real < len(rows) - len(real_rows)  # shuffled in, not appended
     assert schema.provenance(pq.read_table(out / "sft.parquet"))[-1]["config"]["real"] == demo_world.REAL_MIX
     # the demo rows observe each fact as the tool output's own sentence, as the real rows do: the quote is in the
-    # observation just before that turn, and the last quote holds the answer
+    # observation just before that turn, and the last quote holds the answer; a REFLECTION right after each quote
+    # restates the fact in the relation's words, and the last one names the answer
     demo_rows = [r for r in rows if r not in real_rows]
     quoted = 0
     for r in demo_rows:
-        last = None
+        last = restated = None
         for before, turn in zip(r["messages"][1:], r["messages"][2:]):
             if turn["role"] != "assistant":
                 continue
-            for tag, x in agent_format.atomic_thoughts(turn["content"]):
+            thoughts = agent_format.atomic_thoughts(turn["content"])
+            for (tag, x), after in zip(thoughts, thoughts[1:] + [(None, "")]):
                 said = re.fullmatch(r'[^"]*"(?P<q>[^"]+)"\.', x) if tag == "OBSERVATION" else None
                 if said:
                     assert before["role"] == "tool" and said["q"] in before["content"], (x, before["content"])
                     assert "states that" not in x
-                    quoted, last = quoted + 1, said["q"]
+                    assert after[0] == "REFLECTION" and said["q"] not in after[1], (x, after)
+                    quoted, last, restated = quoted + 1, said["q"], after[1]
         assert last is not None and r["answer"] in last, r["messages"][-1]["content"]
+        assert r["answer"] in restated, (restated, r["answer"])
     assert quoted >= sum(r["n_search"] for r in demo_rows) // 2
     # the real rows' observations come from this world's own index: their urls resolve in it
     from atomcli.env import search_local

@@ -520,6 +520,9 @@ def generate(seed: int, articles_n: int, train: int, test: int) -> tuple[World, 
 RESULT_RE = re.compile(r"^\d+\. (?P<title>.*)\n   url: (?P<url>\S*)\n   (?P<snippet>.*)$", re.M)
 
 OBS = ("The {t} article says {fact}.", "According to its article, {fact}.", "The result for {t} states that {fact}.")
+# after a quote (stepwise-real): the fact in the relation's words, since the quoted sentence often names neither the
+# relation nor the entity ("He was born in Vedar in 1829"), and the stepwise rewrite reads the hop from it
+RESTATE = ("So {fact}.", "That is, {fact}.", "This means {fact}.", "So the page gives: {fact}.")
 PLAN_FIRST = ("This is a {h}-hop question. First find {goal}.",
               "Break the question into {h} lookups, starting with {goal}.",
               "The chain has {h} links; the first is {goal}.")
@@ -565,7 +568,8 @@ class Expert:
     def __init__(self, toolbox, world: World, seed: int, *, stepwise: bool = False, quote: bool = False):
         # quote (stepwise-real): each fact is observed as the tool output's own sentence, as the real-text
         # expert does, instead of the fact template "The result for X states that ..." (which the policy filled
-        # with its own query on real text and answered with that query, bench/LEARNING.md session 27)
+        # with its own query on real text and answered with that query, bench/LEARNING.md session 27); a
+        # REFLECTION then restates the quoted fact in the relation's words (session 28: quotes alone lost the hops)
         self.tb, self.world, self.seed, self.stepwise, self.quote = toolbox, world, seed, stepwise, quote
 
     def solve(self, q: Question) -> dict:
@@ -633,6 +637,8 @@ class Expert:
             # one rng draw either way, so the styles without quotes keep their bytes
             units.append(("OBSERVATION", rx.say(rng, "found", quote=said) if said
                           else rng.choice(OBS).format(t=subject, fact=fact)))
+            if said:  # the quote, then the fact it gives (an extra draw only in the quoting style)
+                units.append(("REFLECTION", rng.choice(RESTATE).format(fact=fact)))
             if rng.random() < 0.3:
                 units.append(("VERIFICATION", rng.choice(VERIFY).format(t=subject)))
             if rng.random() < 0.25:
