@@ -282,7 +282,7 @@ def test_every_question_of_the_world_is_recovered_as_nested_descriptions():
         assert all(d in q.question for d in descs)
 
 
-def test_stepwise_real_mixes_the_real_benchmarks_train_part_into_corpus_questions_and_sft(tmp_path):
+def test_stepwise_real_mixes_the_real_benchmarks_train_part_into_corpus_questions_and_sft(tmp_path, tiny_model):
     """style "stepwise-real": the stepwise world plus the real benchmark's passages (one index for both), its
     train split after the demo's train questions, and real-text expert trajectories shuffled into the SFT set;
     never a test question of the real benchmark."""
@@ -327,6 +327,16 @@ def test_stepwise_real_mixes_the_real_benchmarks_train_part_into_corpus_question
                     quoted, last, restated = quoted + 1, said["q"], after[1]
         assert last is not None and r["answer"] in last, r["messages"][-1]["content"]
         assert r["answer"] in restated, (restated, r["answer"])
+    # every expert turn fits the learn preset's token budget for a turn: a longer one teaches the policy turns that
+    # the rollout cuts short (session 29: 1 demo turn in 10 overran 192 tokens, and 60% of demo test episodes had a
+    # format error)
+    from transformers import AutoTokenizer
+
+    from atomcli.stages import run_all
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    budget = run_all.LEARN["rollout"]["max_new_tokens"]
+    longest = max(len(tok(m["content"])["input_ids"]) for r in rows for m in r["messages"] if m["role"] == "assistant")
+    assert longest <= budget, (longest, budget)
     assert quoted >= sum(r["n_search"] for r in demo_rows) // 2
     # the real rows' observations come from this world's own index: their urls resolve in it
     from atomcli.env import search_local

@@ -140,7 +140,7 @@ class RealExpert:
         if span is None or said is None:
             return None
         units = [("OBSERVATION", rx.say(rng, "found", quote=said))]
-        if rng.random() < 0.4:
+        if rng.random() < 0.4 and len(own["title"]) <= 80:  # a long title would overrun the turn's token budget
             units.append(("VERIFICATION", rx.say(rng, "verify", target=own["title"])))
         units.append(("REFLECTION", rx.say(rng, "done", answer=span)))
         return rec.finish(units, span)
