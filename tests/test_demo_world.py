@@ -324,6 +324,9 @@ def test_stepwise_real_mixes_the_real_benchmarks_train_part_into_corpus_question
                     assert before["role"] == "tool" and said["q"] in before["content"], (x, before["content"])
                     assert "states that" not in x
                     assert after[0] == "REFLECTION" and said["q"] not in after[1], (x, after)
+                    # the hop's goal comes before the quote: it names the entity the restated fact is about
+                    lead = x.split('"')[0]
+                    assert any(w in after[1] for w in re.findall(r"\b[A-Z][a-z]{3,}\b", lead)), (x, after)
                     quoted, last, restated = quoted + 1, said["q"], after[1]
         assert last is not None and r["answer"] in last, r["messages"][-1]["content"]
         assert r["answer"] in restated, (restated, r["answer"])

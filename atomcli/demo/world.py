@@ -523,6 +523,10 @@ OBS = ("The {t} article says {fact}.", "According to its article, {fact}.", "The
 # after a quote (stepwise-real): the fact in the relation's words, since the quoted sentence often names neither the
 # relation nor the entity ("He was born in Vedar in 1829"), and the stepwise rewrite reads the hop from it
 RESTATE = ("So {fact}.", "That is, {fact}.", "This means {fact}.")
+# the quote comes after the hop's goal: a policy that has not read the value yet picks the sentence by what it looks
+# for (session 29: quoting without it, the policy quoted the snippet's first sentence whatever the question asked)
+QUOTE_FOR = ("For {goal}, the page says \"{quote}\".", "On {goal}: \"{quote}\".",
+             "About {goal}, it reads \"{quote}\".", "Looking for {goal}, the text states \"{quote}\".")
 PLAN_FIRST = ("This is a {h}-hop question. First find {goal}.",
               "Break the question into {h} lookups, starting with {goal}.",
               "The chain has {h} links; the first is {goal}.")
@@ -635,7 +639,7 @@ class Expert:
             fact = rel.states.format(s=subject, v=value, **words)
             said = rx.quote(where, value, [subject]) if self.quote else None
             # one rng draw either way, so the styles without quotes keep their bytes
-            units.append(("OBSERVATION", rx.say(rng, "found", quote=said) if said
+            units.append(("OBSERVATION", rng.choice(QUOTE_FOR).format(goal=g, quote=said) if said
                           else rng.choice(OBS).format(t=subject, fact=fact)))
             if said:  # the quote, then the fact it gives (an extra draw only in the quoting style)
                 units.append(("REFLECTION", rng.choice(RESTATE).format(fact=fact)))
