@@ -135,7 +135,9 @@ def say(rng: random.Random, kind: str, **fields) -> str:
 # --- evidence -----------------------------------------------------------------------------------
 
 RESULT_RE = re.compile(r"^\d+\. (?P<title>.*)\n   url: (?P<url>\S*)\n   (?P<snippet>.*)$", re.MULTILINE)
-_SENTENCE_CUT = re.compile(r"(?<=[.!?])\s+|\n+|…|\s-\s")  # list items are sentences too
+# list items are sentences too, and so is each `#define` of a C header excerpt (a run of them has no period, and
+# quoted whole it overran a turn's 192 tokens)
+_SENTENCE_CUT = re.compile(r"(?<=[.!?])\s+|\n+|…|\s-\s|\s(?=#define\b)")
 
 
 def results(obs: str) -> list[dict]:
