@@ -652,7 +652,8 @@ class Expert:
                 checks.append(("VERIFICATION", rng.choice(VERIFY).format(t=subject)))
             if rng.random() < 0.25:
                 checks.append(("RISK_ANALYSIS", rng.choice(RISK).format(t=subject)))
-            units += [] if said else checks
+            if not said:
+                units += checks
             subject = value
             found.append(value)
             if self.stepwise:  # the question with this fact in place, or the fact answers it
@@ -660,7 +661,8 @@ class Expert:
                     rewritten = q.question.replace(descs[i + 1], value, 1)
                     units.append(("REFLECTION", rng.choice(REWRITTEN).format(q=rewritten, v=value)))
                     plan = ("PLAN", rng.choice(PLAN_NEXT).format(goal=goal(i + 1, value)))
-                    units += [] if said else [plan]  # with a quote, the ACTION alone names the next goal (length)
+                    if not said:  # with a quote, the ACTION alone names the next goal (length)
+                        units.append(plan)
                 else:
                     units.append(("REFLECTION", rng.choice(ANSWERED).format(v=value)))
                 continue
