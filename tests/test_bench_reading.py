@@ -23,10 +23,10 @@ def load():
     return mod
 
 
-def row(answer, tool_text=SNIPPET, query="default setting defer_foreign_keys pragma"):
+def row(answer, tool_text=SNIPPET, query="default setting defer_foreign_keys pragma", last="<answer>x</answer>"):
     return {"question": QUESTION, "golden_answers": ["OFF"], "answer": answer,
             "messages": [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "..."},
-                         {"role": "tool", "content": tool_text}],
+                         {"role": "tool", "content": tool_text}, {"role": "assistant", "content": last}],
             "tool_calls": [{"turn": 1, "name": "web_search", "arguments": json.dumps({"query": [query]})}]}
 
 
@@ -39,9 +39,22 @@ def test_classify_each_case():
     assert mod.classify(row(None)) == ("lost in reading", True)  # no answer at all, with the answer in hand
 
 
+def test_the_last_turns_quote_holds_the_answer_or_another_sentence_or_nothing():
+    mod = load()
+    said = '<think><OBSERVATION>For defer_foreign_keys, it reads "{}".</OBSERVATION></think><answer>{}</answer>'
+    assert mod.quoted(row("OFF", last=said.format("The defer_foreign_keys pragma defaults to OFF", "OFF"))) \
+        == "quote holds it"
+    assert mod.quoted(row("ON", last=said.format("foreign key constraints are only deferred", "ON"))) \
+        == "quoted another"
+    # a quote in the answer itself, or a quoted word, is not a quoted sentence
+    assert mod.quoted(row("OFF", last='<think>No quote.</think><answer>"OFF" it is, surely</answer>')) == "no quote"
+    assert mod.quoted(row("OFF", last='<think>It says "OFF".</think><answer>OFF</answer>')) == "no quote"
+
+
 def test_cli_counts_and_skips_unanswered_tables(tmp_path):
     answered = tmp_path / "sft.parquet"
-    pq.write_table(pa.Table.from_pylist([row("OFF"), row("defer_foreign_keys pragma"), row("ON"),
+    quote = '<think>It reads "The defer_foreign_keys pragma defaults to OFF".</think><answer>OFF</answer>'
+    pq.write_table(pa.Table.from_pylist([row("OFF", last=quote), row("defer_foreign_keys pragma"), row("ON"),
                                          row("ON", tool_text="x")]), answered)
     questions = tmp_path / "questions.parquet"
     pq.write_table(pa.table({"question": [QUESTION], "golden_answers": [["OFF"]]}), questions)
@@ -50,4 +63,5 @@ def test_cli_counts_and_skips_unanswered_tables(tmp_path):
     got = json.loads(out.stdout)
     assert (got["n"], got["answer_in_hand"], got["right_in_hand"]) == (4, 3, 1)
     assert (got["right"], got["copied"], got["lost in reading"], got["not found"]) == (1, 1, 1, 1)
+    assert (got["quote holds it"], got["quoted another"], got["no quote"]) == (1, 0, 2)  # of the 3 in hand
     assert "not an answered table" in out.stderr

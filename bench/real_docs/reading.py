@@ -10,7 +10,9 @@ of four classes:
 - not found: wrong, and no tool response held a golden answer.
 
 The counts tell which side of issue 20 a change moved: "answer in hand" is what search gave the agent, and
-right / answer-in-hand is how well it read.
+right / answer-in-hand is how well it read. For the answer-in-hand trajectories the last turn's quote (the experts
+quote the sentence that states the answer before answering) is also counted: it holds a golden answer, it is
+another sentence (the agent picked the wrong one), or the turn quotes nothing.
 
     python bench/real_docs/reading.py runs/s26/sr/eval/transfer/sft.parquet runs/s26/srrl/eval/transfer/*.parquet
 """
@@ -19,12 +21,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 CLASSES = ("right", "copied", "lost in reading", "not found")
+QUOTES = ("quote holds it", "quoted another", "no quote")
+QUOTE_RE = re.compile(r'"([^"]{8,})"')  # a quoted sentence, not a quoted word
+
+
+def quoted(row: dict) -> str:
+    """Where the last turn's quote stands: it holds a golden answer, it is another sentence, or there is none."""
+    from atomcli.rewards import metrics
+    turns = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+    said = QUOTE_RE.findall(turns[-1].split("<answer>")[0]) if turns else []
+    if not said:
+        return "no quote"
+    golds = [metrics.normalize(g) for g in row["golden_answers"] if metrics.normalize(g)]
+    return "quote holds it" if any(g in metrics.normalize(" ".join(said)) for g in golds) else "quoted another"
 
 
 def classify(row: dict) -> tuple[str, bool]:
@@ -50,8 +66,9 @@ def main() -> None:
     args = ap.parse_args()
     import pyarrow.parquet as pq
     if not args.json:
-        print("| table | n | answer in hand | right (in hand) | copied | lost in reading | not found |")
-        print("|---|---|---|---|---|---|---|")
+        print("| table | n | answer in hand | right (in hand) | copied | lost in reading | not found | in hand: quote "
+              "holds it / quoted another / no quote |")
+        print("|---|---|---|---|---|---|---|---|")
     for path in args.tables:
         if "answer" not in pq.read_schema(path).names:  # e.g. eval/questions.parquet caught by a glob
             print(f"{path}: not an answered table (no `answer` column), skipped", file=sys.stderr)
@@ -59,18 +76,22 @@ def main() -> None:
         rows = pq.read_table(path, columns=["question", "golden_answers", "answer", "messages",
                                             "tool_calls"]).to_pylist()
         counts = dict.fromkeys(CLASSES, 0)
+        quotes = dict.fromkeys(QUOTES, 0)  # over the answer-in-hand trajectories
         in_hand = right_in_hand = 0
         for row in rows:
             cls, seen = classify(row)
             counts[cls] += 1
             in_hand += seen
             right_in_hand += seen and cls == "right"
+            if seen:
+                quotes[quoted(row)] += 1
         if args.json:
             print(json.dumps({"table": str(path), "n": len(rows), "answer_in_hand": in_hand,
-                              "right_in_hand": right_in_hand, **counts}))
+                              "right_in_hand": right_in_hand, **counts, **quotes}))
         else:
             print(f"| {path} | {len(rows)} | {in_hand} | {counts['right']} ({right_in_hand}) | {counts['copied']} | "
-                  f"{counts['lost in reading']} | {counts['not found']} |")
+                  f"{counts['lost in reading']} | {counts['not found']} | "
+                  f"{' / '.join(str(quotes[q]) for q in QUOTES)} |")
 
 
 if __name__ == "__main__":
