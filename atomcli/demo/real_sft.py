@@ -17,8 +17,7 @@ knowledge) and only uses it to judge what the tools returned, never as text in a
   identifier that passage names (read from its snippet, or from the page when the snippet
   shows none) and searches for it;
 - when the answer's passage is found but its snippet lacks the answer, it browses it;
-- it names what it looks for (the question's rarest key terms), quotes the sentence that states the answer, and
-  answers with the span as written there.
+- it quotes the sentence that states the answer and answers with the span as written there.
 """
 
 from __future__ import annotations
@@ -140,8 +139,7 @@ class RealExpert:
         span, said = rx.copy_span(text, gold), rx.quote(text, gold, terms)
         if span is None or said is None:
             return None
-        goal = " ".join(self._rarest(terms, 4))  # what the question asks about, as the search named it
-        units = [("OBSERVATION", rx.say(rng, "found_for", goal=goal, quote=said))]
+        units = [("OBSERVATION", rx.say(rng, "found", quote=said))]
         if rng.random() < 0.4 and len(own["title"]) <= 80:  # a long title would overrun the turn's token budget
             units.append(("VERIFICATION", rx.say(rng, "verify", target=own["title"])))
         units.append(("REFLECTION", rx.say(rng, "done", answer=span)))

@@ -22,7 +22,7 @@ import json
 import random
 import re
 
-from atomcli.demo.world import QUOTE_FOR, SYSTEM_DATE  # the demo world's prompt date and goal-first quotes
+from atomcli.demo.world import SYSTEM_DATE  # the demo world's prompt date, defined once
 
 POLICY = "research-expert"
 
@@ -113,10 +113,6 @@ PHRASES = {
         "Evidence: \"{quote}\".",
         "It reads: \"{quote}\".",
     ),
-    # the quote that answers, after what is looked for (the demo expert's wording): a policy that has not read the
-    # value yet can only pick the sentence by what it looks for (session 29: with the goal first, the demo world's
-    # 1-hop questions went from 0.298 to 0.606)
-    "found_for": QUOTE_FOR,
     "verify": (
         "This comes from the page on {target} itself, so it is about the right entity.",
         "The result title is {target}, so the fact belongs to it.",
