@@ -595,6 +595,29 @@ def test_cache_is_safe_for_two_processes(tmp_path):
     assert c._conn().execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+def test_a_new_cache_shows_other_processes_all_its_tables_or_none(tmp_path, monkeypatch):
+    # CI once saw a second process find `entries` without `meta` in a cache the first was still
+    # creating, and refuse it as a foreign file. Look from another connection before every
+    # statement of the schema: a half-made schema must never be visible.
+    import sqlite3
+    from atomcli.env import cache as cache_mod
+    from atomcli.safety import CACHE_TABLES, sqlite_tables
+    path = tmp_path / "new.db"
+    seen: list[set] = []
+    real_connect = sqlite3.connect
+
+    def connect(*args, **kwargs):
+        conn = real_connect(*args, **kwargs)
+        conn.set_trace_callback(lambda sql: seen.append(sqlite_tables(path) or set()))
+        return conn
+
+    monkeypatch.setattr(cache_mod.sqlite3, "connect", connect)
+    Cache(str(path))
+    assert len(seen) > 5
+    assert all(not t or CACHE_TABLES <= t for t in seen), seen
+    assert CACHE_TABLES <= sqlite_tables(path)
+
+
 # --- local documents and concurrency ------------------------------------------------------------
 
 def test_local_documents_are_read_from_the_backend(monkeypatch, no_network):

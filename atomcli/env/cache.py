@@ -29,7 +29,10 @@ from atomcli.errors import InputError
 DEFAULT_TTL = 7 * 24 * 3600.0  # DeepResearcher's 7 days
 SCHEMA_VERSION = 1
 
+# One transaction: another process opening the same new file sees no tables or all of them, never
+# `entries` without `meta` (which its foreign-file check would refuse).
 _SCHEMA = """
+BEGIN IMMEDIATE;
 CREATE TABLE IF NOT EXISTS entries (
     kind TEXT NOT NULL, source TEXT NOT NULL, key TEXT NOT NULL,
     value TEXT NOT NULL, ok INTEGER NOT NULL, created REAL NOT NULL,
@@ -37,6 +40,7 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE INDEX IF NOT EXISTS entries_by_key ON entries (kind, key, created);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT OR IGNORE INTO meta VALUES ('schema_version', '1');
+COMMIT;
 """
 
 
@@ -98,6 +102,8 @@ class Cache:
                     conn.executescript(_SCHEMA)
                     break
                 except sqlite3.OperationalError as e:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
                     if "locked" not in str(e) or attempt == 49:
                         raise
                     time.sleep(0.05)
