@@ -606,9 +606,10 @@ def test_a_new_cache_shows_other_processes_all_its_tables_or_none(tmp_path, monk
     seen: list[set] = []
     real_connect = sqlite3.connect
 
-    def connect(*args, **kwargs):
-        conn = real_connect(*args, **kwargs)
-        conn.set_trace_callback(lambda sql: seen.append(sqlite_tables(path) or set()))
+    def connect(database, *args, **kwargs):
+        conn = real_connect(database, *args, **kwargs)
+        if database == str(path):  # the cache's own connection (sqlite_tables opens a read-only URI)
+            conn.set_trace_callback(lambda sql: seen.append(sqlite_tables(path) or set()))
         return conn
 
     monkeypatch.setattr(cache_mod.sqlite3, "connect", connect)
