@@ -54,14 +54,17 @@ def test_the_last_turns_quote_holds_the_answer_or_another_sentence_or_nothing():
 def test_cli_counts_and_skips_unanswered_tables(tmp_path):
     answered = tmp_path / "sft.parquet"
     quote = '<think>It reads "The defer_foreign_keys pragma defaults to OFF".</think><answer>OFF</answer>'
+    pair = '<think>Two values: "foreign key constraints are only deferred" and "The pragma defaults to OFF".</think>'
     pq.write_table(pa.Table.from_pylist([row("OFF", last=quote), row("defer_foreign_keys pragma"), row("ON"),
-                                         row("ON", tool_text="x")]), answered)
+                                         row("ON", tool_text="x"), row("ON", last=pair + "<answer>ON</answer>"),
+                                         row("OFF", last=pair + "<answer>OFF</answer>")]), answered)
     questions = tmp_path / "questions.parquet"
     pq.write_table(pa.table({"question": [QUESTION], "golden_answers": [["OFF"]]}), questions)
     out = subprocess.run([sys.executable, str(SCRIPT), "--json", str(questions), str(answered)],
                          capture_output=True, text=True, check=True)
     got = json.loads(out.stdout)
-    assert (got["n"], got["answer_in_hand"], got["right_in_hand"]) == (4, 3, 1)
-    assert (got["right"], got["copied"], got["lost in reading"], got["not found"]) == (1, 1, 1, 1)
-    assert (got["quote holds it"], got["quoted another"], got["no quote"]) == (1, 0, 2)  # of the 3 in hand
+    assert (got["n"], got["answer_in_hand"], got["right_in_hand"]) == (6, 5, 2)
+    assert (got["right"], got["copied"], got["lost in reading"], got["not found"]) == (2, 1, 2, 1)
+    assert (got["quote holds it"], got["quoted another"], got["no quote"]) == (3, 0, 2)  # of the 5 in hand
+    assert (got["two_quotes"], got["two_quotes_right"]) == (2, 1)
     assert "not an answered table" in out.stderr

@@ -218,3 +218,51 @@ def test_an_unknown_style_lists_the_valid_ones(tmp_path):
     proc = atom("demo-world", "--out", tmp_path / "w", "--style", "fancy")
     assert proc.returncode == 2 and b"research" in proc.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_the_real_expert_sets_a_tempting_rival_against_the_answers_sentence():
+    """Session 32: a page that states two values of one kind is read by naming what tells them apart."""
+    from atomcli.demo import real_sft
+    obs = ('Results for "largest value SQLITE_MAX_COLUMN":\n'
+           "1. Implementation Limits For SQLite: Maximum Number Of Columns\n   url: local://doc/sqlite%2Flimits%234\n"
+           "   …The default setting for SQLITE_MAX_COLUMN is 2000. You can change it at compile time to values as "
+           "large as 32767. Most designers need far fewer…\n")
+    terms = research_expert.key_terms("To what largest value can SQLITE_MAX_COLUMN be raised at compile time?")
+    said = research_expert.quote(obs, "32767", terms)
+    # ("value" is in "values": the match is the plain substring the quote's choice also uses)
+    assert real_sft.rival(obs, "32767", said, terms) == ("The default setting for SQLITE_MAX_COLUMN is 2000",
+                                                         "value compile time")
+    # read the other way round, the other sentence is the rival and the question's own words decide
+    terms = research_expert.key_terms("What is the default value of SQLITE_MAX_COLUMN?")
+    said = research_expert.quote(obs, "2000", terms)
+    other, cue = real_sft.rival(obs, "2000", said, terms)
+    assert "32767" in other and "2000" not in other and cue == "default SQLITE_MAX_COLUMN"
+    # a sentence with none of the question's words is no temptation
+    assert real_sft.rival(obs, "2000", said, ["default", "SQLITE_MAX_COLUMN"]) is None
+    # no rival: an answer of a kind no other sentence states (a word), a question word that does not separate them
+    assert real_sft.rival(obs, "designers", "Most designers need far fewer", ["designers"]) is None
+    assert real_sft.rival(obs, "32767", said, ["SQLITE_MAX_COLUMN"]) is None
+
+
+def test_real_rows_that_name_a_rival_quote_both_sentences_and_answer_from_the_second(rows):
+    pair = re.compile(r'[^"]*"(?P<rival>[^"]+)"[^"]*?"(?P<quote>.+)"\.')  # a rival is never quoted with quotes in it
+    cues = ("asks about ", "is about ", "question says ")
+    seen = 0
+    for r in [r for r in rows if r["data_source"].startswith("sqlite_")]:
+        thoughts = agent_format.atomic_thoughts(r["messages"][-1]["content"])
+        if not (len(thoughts) == 2 and any(c in thoughts[1][1] for c in cues)):
+            continue
+        assert thoughts[0][0] == "OBSERVATION"
+        said = pair.fullmatch(thoughts[0][1])
+        seen += 1
+        before = " ".join(r["messages"][-2]["content"].split())
+        assert said["rival"] in before and said["quote"] in before              # both copied from the results
+        gold = research_expert.value_pattern(r["answer"])
+        assert gold.search(said["quote"]) and not gold.search(said["rival"])
+        tag, why = thoughts[1]
+        assert tag == "REFLECTION" and why.rstrip(".").endswith(r["answer"])
+        cue = next(c for c in cues if c in why)
+        words = re.split(r",|;", why.split(cue)[1])[0].split()
+        assert words and all(w.lower() in r["question"].lower() and w.lower() in said["quote"].lower()
+                             and w.lower() not in said["rival"].lower() for w in words), (why, said.groupdict())
+    assert seen >= 5

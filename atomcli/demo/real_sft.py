@@ -17,7 +17,10 @@ knowledge) and only uses it to judge what the tools returned, never as text in a
   identifier that passage names (read from its snippet, or from the page when the snippet
   shows none) and searches for it;
 - when the answer's passage is found but its snippet lacks the answer, it browses it;
-- it quotes the sentence that states the answer and answers with the span as written there.
+- it quotes the sentence that states the answer and answers with the span as written there;
+  when the results also hold a tempting sentence with another value of the answer's kind, it
+  quotes that one first and names the question's words that only the answer's sentence has
+  (`rival`: the reading the policy gets wrong on real pages).
 """
 
 from __future__ import annotations
@@ -139,6 +142,12 @@ class RealExpert:
         span, said = rx.copy_span(text, gold), rx.quote(text, gold, terms)
         if span is None or said is None:
             return None
+        contrast = rival(rec.seen[-1], gold, said, terms)
+        if contrast is not None:  # a tempting sentence with another value of the answer's kind (session 32)
+            other, cue = contrast
+            units = [("OBSERVATION", rx.say(rng, "rival", rival=other, quote=said)),
+                     ("REFLECTION", rx.say(rng, "pick", cue=cue, answer=span))]
+            return rec.finish(units, span)
         units = [("OBSERVATION", rx.say(rng, "found", quote=said))]
         if rng.random() < 0.4 and len(own["title"]) <= 80:  # a long title would overrun the turn's token budget
             units.append(("VERIFICATION", rx.say(rng, "verify", target=own["title"])))
@@ -166,6 +175,46 @@ class RealExpert:
         units.append(("OBSERVATION", rx.say(rng, "found", quote=quote)))
         units.append(("PLAN", rx.say(rng, "plan_next", goal=f"what {ident} says")))
         return ident, units
+
+
+# The kinds of answer a rival sentence can offer instead: (the answer is one, a value of that kind in a sentence).
+_KINDS = (
+    (re.compile(r"\d+"), re.compile(r"(?<![\w.-])\d+(?![\w-]|\.\d)")),                       # a count, size, code
+    (re.compile(r"\d+(?:\.\d+)+"), re.compile(r"(?<![\w.])\d+(?:\.\d+)+(?!\w|\.\d)")),        # a version
+    (re.compile(r"[A-Za-z]\w*_\w*(?:\(\))?|[A-Z][A-Z0-9]+"), re.compile(r"\b(?:[A-Za-z]\w*_\w*|[A-Z][A-Z0-9]+)\b")),
+)
+RIVAL_WORDS = 16  # a rival is quoted shorter than the answer's sentence: both must fit one turn's 192 tokens
+PAIR_CHARS = 320  # both quotes at most (digits and identifiers are ~2.6 characters a token in SmolLM2's vocabulary)
+
+
+def rival(obs: str, gold: str, said: str, terms: list[str]) -> tuple[str, str] | None:
+    """(a sentence the reader could take instead, the question's words that only the answer's quote has).
+
+    Why: on real pages the policy answers from the sentence that shares most words with the question,
+    and a page states several values of one kind ("the default ... is 2000", "as large as 32767");
+    the question's other words decide which. The rival is the observation's sentence with the most
+    key terms that states a value of the answer's kind but not the answer; None when there is none,
+    or when no key term of the question is in the answer's quote and not in the rival."""
+    kind = next((found for whole, found in _KINDS if whole.fullmatch(gold)), None)
+    if kind is None:
+        return None
+    hits = rx.results(obs)
+    pool = [s for h in hits for s in rx.sentences(h["snippet"])] if hits else rx.sentences(obs)
+    gold_pat, best, best_score = rx.value_pattern(gold), None, 0
+    for sent in pool:
+        value = kind.search(sent)
+        if (value is None or gold_pat.search(sent) or sent.rstrip(".") in said or said in sent
+                or '"' in sent or "://" in sent):  # a quote in quotes, or a url, is not a sentence to read
+            continue
+        score = sum(t.lower() in sent.lower() for t in terms)
+        if score > best_score:
+            best, best_score = rx.quote(sent, value.group(0), terms, RIVAL_WORDS), score
+    if best is None:
+        return None
+    cue = [t for t in terms if t.lower() in said.lower() and t.lower() not in best.lower()][:3]
+    if not cue or len(best) + len(said) > PAIR_CHARS:
+        return None
+    return best, " ".join(cue)
 
 
 def _document_frequency(corpus: list[dict]) -> dict[str, int]:

@@ -113,6 +113,16 @@ PHRASES = {
         "Evidence: \"{quote}\".",
         "It reads: \"{quote}\".",
     ),
+    "rival": (
+        "One result says \"{rival}\", another \"{quote}\".",
+        "Two values: \"{rival}\" and \"{quote}\".",
+        "The results say \"{rival}\" but also \"{quote}\".",
+    ),
+    "pick": (
+        "The question asks about {cue}, which only the second states: {answer}.",
+        "Only the second is about {cue}, as the question is: {answer}.",
+        "The question says {cue}; that is the second sentence, so {answer}.",
+    ),
     "verify": (
         "This comes from the page on {target} itself, so it is about the right entity.",
         "The result title is {target}, so the fact belongs to it.",
@@ -150,12 +160,17 @@ def value_pattern(value: str) -> re.Pattern:
     return re.compile(r"(?<!\w)" + re.escape(value) + r"(?!\w)", re.IGNORECASE)
 
 
+def sentences(text: str) -> list[str]:
+    """`text` cut into the sentences a quote is taken from (list items and `#define` lines are sentences)."""
+    return [s.strip() for s in _SENTENCE_CUT.split(text) if s and s.strip()]
+
+
 def quote(text: str, value: str, terms: list[str] = (), max_words: int = 24) -> str | None:
     """The sentence of `text` that states `value` (most key terms first), cut to `max_words`; None if absent."""
     pat = value_pattern(value)
     best, best_score = None, -1
-    for sent in (s.strip() for s in _SENTENCE_CUT.split(text)):
-        if sent and pat.search(sent):
+    for sent in sentences(text):
+        if pat.search(sent):
             score = sum(t.lower() in sent.lower() for t in terms)
             if score > best_score:
                 best, best_score = sent, score

@@ -12,7 +12,9 @@ of four classes:
 The counts tell which side of issue 20 a change moved: "answer in hand" is what search gave the agent, and
 right / answer-in-hand is how well it read. For the answer-in-hand trajectories the last turn's quote (the experts
 quote the sentence that states the answer before answering) is also counted: it holds a golden answer, it is
-another sentence (the agent picked the wrong one), or the turn quotes nothing.
+another sentence (the agent picked the wrong one), or the turn quotes nothing. "Two quotes" counts the
+answer-in-hand trajectories whose last turn quotes two sentences (session 32's real expert sets a rival sentence
+against the answer's) and, in parentheses, how many of them were answered right.
 
     python bench/real_docs/reading.py runs/s26/sr/eval/transfer/sft.parquet runs/s26/srrl/eval/transfer/*.parquet
 """
@@ -32,11 +34,15 @@ QUOTES = ("quote holds it", "quoted another", "no quote")
 QUOTE_RE = re.compile(r'"([^"]{8,})"')  # a quoted sentence, not a quoted word
 
 
+def last_quotes(row: dict) -> list[str]:
+    turns = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+    return QUOTE_RE.findall(turns[-1].split("<answer>")[0]) if turns else []
+
+
 def quoted(row: dict) -> str:
     """Where the last turn's quote stands: it holds a golden answer, it is another sentence, or there is none."""
     from atomcli.rewards import metrics
-    turns = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
-    said = QUOTE_RE.findall(turns[-1].split("<answer>")[0]) if turns else []
+    said = last_quotes(row)
     if not said:
         return "no quote"
     golds = [metrics.normalize(g) for g in row["golden_answers"] if metrics.normalize(g)]
@@ -67,8 +73,8 @@ def main() -> None:
     import pyarrow.parquet as pq
     if not args.json:
         print("| table | n | answer in hand | right (in hand) | copied | lost in reading | not found | in hand: quote "
-              "holds it / quoted another / no quote |")
-        print("|---|---|---|---|---|---|---|---|")
+              "holds it / quoted another / no quote | in hand: two quotes (right) |")
+        print("|---|---|---|---|---|---|---|---|---|")
     for path in args.tables:
         if "answer" not in pq.read_schema(path).names:  # e.g. eval/questions.parquet caught by a glob
             print(f"{path}: not an answered table (no `answer` column), skipped", file=sys.stderr)
@@ -77,7 +83,7 @@ def main() -> None:
                                             "tool_calls"]).to_pylist()
         counts = dict.fromkeys(CLASSES, 0)
         quotes = dict.fromkeys(QUOTES, 0)  # over the answer-in-hand trajectories
-        in_hand = right_in_hand = 0
+        in_hand = right_in_hand = pairs = pairs_right = 0
         for row in rows:
             cls, seen = classify(row)
             counts[cls] += 1
@@ -85,13 +91,17 @@ def main() -> None:
             right_in_hand += seen and cls == "right"
             if seen:
                 quotes[quoted(row)] += 1
+                if len(last_quotes(row)) >= 2:
+                    pairs += 1
+                    pairs_right += cls == "right"
         if args.json:
             print(json.dumps({"table": str(path), "n": len(rows), "answer_in_hand": in_hand,
-                              "right_in_hand": right_in_hand, **counts, **quotes}))
+                              "right_in_hand": right_in_hand, **counts, **quotes, "two_quotes": pairs,
+                              "two_quotes_right": pairs_right}))
         else:
             print(f"| {path} | {len(rows)} | {in_hand} | {counts['right']} ({right_in_hand}) | {counts['copied']} | "
                   f"{counts['lost in reading']} | {counts['not found']} | "
-                  f"{' / '.join(str(quotes[q]) for q in QUOTES)} |")
+                  f"{' / '.join(str(quotes[q]) for q in QUOTES)} | {pairs} ({pairs_right}) |")
 
 
 if __name__ == "__main__":
