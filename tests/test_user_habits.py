@@ -89,6 +89,20 @@ def test_progress_lines_when_stderr_is_not_a_terminal(monkeypatch):
     assert re.fullmatch(r"work: 4/4 items \(100%\), done in 0:00 \| x 1", lines[-1]), lines[-1]
 
 
+def test_a_run_that_lasted_a_period_gets_its_closing_line_even_if_no_tick_was_printed(monkeypatch):
+    """Session 32's flaky CI test: on a loaded machine the timer thread may not print a tick within a short run."""
+    monkeypatch.setattr(progress.Progress, "_tick", lambda self: self._stop.wait())  # a thread that never gets to print
+    ctx, buf = log_context()
+    with progress.Progress(ctx, "work", 2, "items", every=0.01) as p:
+        time.sleep(0.03)
+        p.advance(2)
+    assert re.fullmatch(r"work: 2/2 items \(100%\), done in 0:00", buf.getvalue().strip()), buf.getvalue()
+    ctx, buf = log_context()
+    with progress.Progress(ctx, "work", 2, "items", every=30) as p:  # shorter than a period: quiet, as before
+        p.advance(2)
+    assert buf.getvalue() == ""
+
+
 def test_progress_on_a_terminal_is_a_bar_with_count_and_eta_and_quiet_is_silent(monkeypatch):
     buf = io.StringIO()
     ctx = Context(console=Console(file=buf, force_terminal=True, width=150))
