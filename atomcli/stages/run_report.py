@@ -68,7 +68,7 @@ def _eval_section(title: str, reports: list[dict]) -> list[str]:
                      f"{o.get('format_error_rate') or 0:.3f} | "
                      f"{o.get('searches_per_question', 0) or 0:.2f} | {o.get('n', r.get('n', ''))} |")
     lines += ["", "Δ: paired difference over the same question ids with a 95% percentile bootstrap interval "
-                  "(`atomcli/compare.py`); an interval above 0 is a gain that resampling the questions "
+                  "(`atomcli/stages/compare.py`); an interval above 0 is a gain that resampling the questions "
                   "does not explain away.", ""]
     by_source = _by_source_table(reports)
     if by_source:
