@@ -9,8 +9,8 @@ is what stays. When stderr is not a terminal (a log file, a pipe, cron, CI): a p
 
 every EVERY seconds (default 30; environment ATOM_PROGRESS_EVERY), written by a timer thread,
 so a log shows signs of life even while one long step runs, and a closing line when the work
-is done (only for a run that lasted at least one period, so that short runs stay as quiet as before). A quiet
-context (`Context(quiet=True)`, the non-main ranks of a launch) shows nothing.
+is done (only for a run that lasted at least one period, so that short runs stay as quiet as
+before). A quiet context (`Context(quiet=True)`, the non-main ranks of a launch) shows nothing.
 
 Stages report with `advance(n)` and `update(completed=, total=, info=)`; both are safe to call
 from any thread. Counts may be fractional (score-ig reports work done in trajectory units).

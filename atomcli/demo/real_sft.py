@@ -147,11 +147,11 @@ class RealExpert:
             other, cue = contrast
             units = [("OBSERVATION", rx.say(rng, "rival", rival=other, quote=said)),
                      ("REFLECTION", rx.say(rng, "pick", cue=cue, answer=span))]
-            return rec.finish(units, span)
-        units = [("OBSERVATION", rx.say(rng, "found", quote=said))]
-        if rng.random() < 0.4 and len(own["title"]) <= 80:  # a long title would overrun the turn's token budget
-            units.append(("VERIFICATION", rx.say(rng, "verify", target=own["title"])))
-        units.append(("REFLECTION", rx.say(rng, "done", answer=span)))
+        else:
+            units = [("OBSERVATION", rx.say(rng, "found", quote=said))]
+            if rng.random() < 0.4 and len(own["title"]) <= 80:  # a long title would overrun the turn's token budget
+                units.append(("VERIFICATION", rx.say(rng, "verify", target=own["title"])))
+            units.append(("REFLECTION", rx.say(rng, "done", answer=span)))
         return rec.finish(units, span)
 
     def _bridge(self, rec, rng, bridge: dict, answer_id: str, question: str) -> tuple[str | None, list]:
@@ -206,12 +206,12 @@ def rival(obs: str, gold: str, said: str, terms: list[str]) -> tuple[str, str] |
         if (value is None or gold_pat.search(sent) or sent.rstrip(".") in said or said in sent
                 or '"' in sent or "://" in sent):  # a quote in quotes, or a url, is not a sentence to read
             continue
-        score = sum(t.lower() in sent.lower() for t in terms)
+        score = rx.term_hits(sent, terms)
         if score > best_score:
             best, best_score = rx.quote(sent, value.group(0), terms, RIVAL_WORDS), score
     if best is None:
         return None
-    cue = [t for t in terms if t.lower() in said.lower() and t.lower() not in best.lower()][:3]
+    cue = [t for t in terms if rx.term_hits(said, [t]) and not rx.term_hits(best, [t])][:3]
     if not cue or len(best) + len(said) > PAIR_CHARS:
         return None
     return best, " ".join(cue)

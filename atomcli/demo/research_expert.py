@@ -165,13 +165,19 @@ def sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_CUT.split(text) if s and s.strip()]
 
 
+def term_hits(text: str, terms: list[str]) -> int:
+    """How many of the question's key `terms` `text` contains (case-insensitive substrings)."""
+    low = text.lower()
+    return sum(t.lower() in low for t in terms)
+
+
 def quote(text: str, value: str, terms: list[str] = (), max_words: int = 24) -> str | None:
     """The sentence of `text` that states `value` (most key terms first), cut to `max_words`; None if absent."""
     pat = value_pattern(value)
     best, best_score = None, -1
     for sent in sentences(text):
         if pat.search(sent):
-            score = sum(t.lower() in sent.lower() for t in terms)
+            score = term_hits(sent, terms)
             if score > best_score:
                 best, best_score = sent, score
     if best is None:
