@@ -266,3 +266,31 @@ def test_real_rows_that_name_a_rival_quote_both_sentences_and_answer_from_the_se
         assert words and all(w.lower() in r["question"].lower() and w.lower() in said["quote"].lower()
                              and w.lower() not in said["rival"].lower() for w in words), (why, said.groupdict())
     assert seen >= 5
+
+
+def test_a_quote_cut_at_its_value_ends_with_the_answer():
+    """Session 33: the real expert's quote stops just after the answer, so the answer is the words it just wrote."""
+    text = ("The default setting for SQLITE_MAX_COLUMN is 2000. You can change it at compile time to values as "
+            "large as 32767. Most designers need far fewer.")
+    terms = ["compile", "time", "SQLITE_MAX_COLUMN"]
+    assert research_expert.quote(text, "32767", terms) == "You can change it at compile time to values as large as 32767"
+    assert research_expert.quote(text, "2000", terms, end_at_value=True) == "The default setting for SQLITE_MAX_COLUMN is 2000"
+    # the words after the value are dropped, and a long head keeps its last max_words words
+    text = "Each one of the many quick brown foxes jumps over the 12 lazy dogs every day."
+    assert research_expert.quote(text, "12", end_at_value=True) == "Each one of the many quick brown foxes jumps over the 12"
+    assert research_expert.quote(text, "12", max_words=4, end_at_value=True) == "jumps over the 12"
+    # a value in the sentence's first words keeps the whole sentence: a two-word quote is no sentence to read
+    assert research_expert.quote("32767 is the largest. Other text.", "32767", end_at_value=True) == "32767 is the largest"
+    assert research_expert.quote(text, "99", end_at_value=True) is None
+
+
+def test_real_rows_quote_up_to_the_answer(rows):
+    real = [r for r in rows if r["data_source"].startswith("sqlite_")]
+    ends = 0
+    for r in real:
+        unit = dict(agent_format.atomic_thoughts(r["messages"][-1]["content"]))["OBSERVATION"]
+        said = unit[:unit.rindex('"')]  # up to the closing mark of the last quote (a sentence may hold quotes itself)
+        assert research_expert.value_pattern(r["answer"]).search(said), (unit, r["answer"])
+        ends += said.endswith(r["answer"])
+    # the rest are answers in their sentence's first words (the unit test above), where the sentence is kept whole
+    assert ends >= 0.6 * len(real), (ends, len(real))

@@ -17,7 +17,8 @@ knowledge) and only uses it to judge what the tools returned, never as text in a
   identifier that passage names (read from its snippet, or from the page when the snippet
   shows none) and searches for it;
 - when the answer's passage is found but its snippet lacks the answer, it browses it;
-- it quotes the sentence that states the answer and answers with the span as written there;
+- it quotes the sentence that states the answer, cut just after the answer, and answers with
+  the span as written there (the quote's last words);
   when the results also hold a tempting sentence with another value of the answer's kind, it
   quotes that one first and names the question's words that only the answer's sentence has
   (`rival`: the reading the policy gets wrong on real pages).
@@ -139,7 +140,7 @@ class RealExpert:
                       ("ACTION", rx.say(rng, "browse", goal=goal, url=own["url"]))]
             text = rec.browse(units, own["url"], " ".join(terms))
             units = []
-        span, said = rx.copy_span(text, gold), rx.quote(text, gold, terms)
+        span, said = rx.copy_span(text, gold), rx.quote(text, gold, terms, end_at_value=True)
         if span is None or said is None:
             return None
         contrast = rival(rec.seen[-1], gold, said, terms)
@@ -208,7 +209,7 @@ def rival(obs: str, gold: str, said: str, terms: list[str]) -> tuple[str, str] |
             continue
         score = rx.term_hits(sent, terms)
         if score > best_score:
-            best, best_score = rx.quote(sent, value.group(0), terms, RIVAL_WORDS), score
+            best, best_score = rx.quote(sent, value.group(0), terms, RIVAL_WORDS, end_at_value=True), score
     if best is None:
         return None
     cue = [t for t in terms if rx.term_hits(said, [t]) and not rx.term_hits(best, [t])][:3]

@@ -171,8 +171,15 @@ def term_hits(text: str, terms: list[str]) -> int:
     return sum(t.lower() in low for t in terms)
 
 
-def quote(text: str, value: str, terms: list[str] = (), max_words: int = 24) -> str | None:
-    """The sentence of `text` that states `value` (most key terms first), cut to `max_words`; None if absent."""
+_QUOTE_MIN_WORDS = 4  # a quote cut at its value keeps at least this many words, or it is no sentence to read
+
+
+def quote(text: str, value: str, terms: list[str] = (), max_words: int = 24, *, end_at_value: bool = False) -> str | None:
+    """The sentence of `text` that states `value` (most key terms first), cut to `max_words`; None if absent.
+
+    `end_at_value` cuts the sentence just after the value (keeping the `max_words` words before it), so the
+    answer is the quote's last words: a small model then copies the words it just wrote instead of picking a
+    span out of the middle of a sentence (session 33). A value in the sentence's first words keeps the sentence."""
     pat = value_pattern(value)
     best, best_score = None, -1
     for sent in sentences(text):
@@ -182,6 +189,10 @@ def quote(text: str, value: str, terms: list[str] = (), max_words: int = 24) -> 
                 best, best_score = sent, score
     if best is None:
         return None
+    if end_at_value:
+        head = best[:pat.search(best).end()].split()
+        if len(head) >= _QUOTE_MIN_WORDS:
+            return " ".join(head[-max_words:])
     words = best.split()
     if len(words) > max_words:  # keep the words around the value
         at = len(best[:pat.search(best).start()].split())
