@@ -60,13 +60,21 @@ def test_build_writes_flashrag_splits_and_an_index(built):
     _, questions = real_docs.load("sqlite")
     train, test = read_jsonl(out / "train.jsonl"), read_jsonl(out / "test.jsonl")
     assert len(train) + len(test) == len(questions) == summary["train"] + summary["test"]
-    # the first 139 questions split ~60/40, stratified by hops; the supplement (sqlite_140 on) is train only
-    first = [q for q in questions if int(q["id"].rsplit("_", 1)[1]) < 140]
-    assert len(first) == 139 and len(test) == 55 and all(q["split"] == "train" for q in questions[139:])
-    assert 0.35 <= len(test) / len(first) <= 0.45
+    # the first 139 questions split ~60/40, stratified by hops; the supplement sqlite_140-599 is train only, and
+    # sqlite_600 on (session 33) is test only, on pages that no training question uses
+    num = lambda q: int(q["id"].rsplit("_", 1)[1])
+    first = [q for q in questions if num(q) < 140]
+    later_test = [q for q in questions if num(q) >= 600]
+    assert len(first) == 139 and len(test) == 115 and len(later_test) == 60
+    assert all(q["split"] == "train" for q in questions if 140 <= num(q) < 600)
+    assert all(q["split"] == "test" for q in later_test)
+    assert 0.35 <= sum(q["split"] == "test" for q in first) / len(first) <= 0.45
     for split in ([q for q in first if q["split"] == "train"], test):
         share = sum(r["hops"] == 2 for r in split) / len(split)
         assert 0.2 <= share <= 0.4
+    page = lambda passage: passage.split("#")[0]
+    train_pages = {page(s) for q in questions if q["split"] == "train" for s in q["support"]}
+    assert not {page(s) for q in later_test for s in q["support"]} & train_pages
     assert not {r["id"] for r in train} & {r["id"] for r in test}
     assert not {r["question"] for r in train} & {r["question"] for r in test}
     for r in train + test:

@@ -18,7 +18,9 @@ Benchmarks (NAMES):
   file format and other topic pages, cut into ~100-200-word passages by
   `bench/real_docs/build_sqlite.py`; hand-written short-answer questions, 1-hop (the answer
   is in one passage) and 2-hop (one passage names the entity, another holds the fact): 139 split
-  60/40 by a fixed rule (55 test), then a training-only supplement of 400 (`sqlite_140` on).
+  60/40 by a fixed rule (55 test), then a training-only supplement of 400 (`sqlite_140`-`sqlite_599`)
+  and a test-only supplement of 60 (`sqlite_600` on) on pages no training question uses: 484 train,
+  115 test.
 
 Question rules that `verify` enforces: every support id is a passage; every golden answer
 occurs (case-insensitively, digit-group commas ignored) in one of the question's support
