@@ -232,9 +232,10 @@ def write_gz(rows: list[dict], path: Path) -> int:
 
 # Questions from sqlite_140 on are a training supplement (session 22: 121 more questions, 96 1-hop and 25
 # 2-hop, written against passages no test question answers from), so that the SFT sees real text to read in
-# more than 84 trajectories; they are all train, and the test split stays the 55 questions every reported
-# number uses.
+# more than 84 trajectories; they are all train. Questions from sqlite_600 on are a test supplement (session 33:
+# 60 questions on pages no training question uses), so that a paired interval is narrower than on the first 55.
 SUPPLEMENT_FROM = 140
+TEST_SUPPLEMENT_FROM = 600
 
 
 def split_of(position: int) -> str:
@@ -244,8 +245,12 @@ def split_of(position: int) -> str:
 
 
 def rule_split(q: dict, position: int) -> str:
-    """The split a question must have: `split_of` its position, or train for the supplement."""
-    return "train" if int(q["id"].rsplit("_", 1)[1]) >= SUPPLEMENT_FROM else split_of(position)
+    """The split a question must have: `split_of` its position, train for the training supplement, test for
+    the test supplement."""
+    num = int(q["id"].rsplit("_", 1)[1])
+    if num >= TEST_SUPPLEMENT_FROM:
+        return "test"
+    return "train" if num >= SUPPLEMENT_FROM else split_of(position)
 
 
 def check(top_k: int = 3) -> int:
