@@ -189,13 +189,14 @@ def quote(text: str, value: str, terms: list[str] = (), max_words: int = 24, *, 
                 best, best_score = sent, score
     if best is None:
         return None
+    hit = pat.search(best)
     if end_at_value:
-        head = best[:pat.search(best).end()].split()
+        head = best[:hit.end()].split()
         if len(head) >= _QUOTE_MIN_WORDS:
             return " ".join(head[-max_words:])
     words = best.split()
     if len(words) > max_words:  # keep the words around the value
-        at = len(best[:pat.search(best).start()].split())
+        at = len(best[:hit.start()].split())
         lo = max(0, min(at - max_words // 2, len(words) - max_words))
         best = " ".join(words[lo:lo + max_words])
     return best.rstrip(".")
