@@ -1,0 +1,79 @@
+"""Where the last quote and the answer sit among the search results of real-text rows (no model run; issue 20).
+
+For each real-text row of an SFT table or an answered table (`atom eval --answers`), the last tool response is
+split into its numbered results (a browsed page counts as position 0); the row is counted by the position of the
+result that holds a golden answer, the position of the result its last turn quotes from, and whether they agree.
+A policy that quotes result 1 when the answer is in result 2 or 3 reads by position, not by content.
+
+    python bench/real_docs/positions.py runs/s34/w/sft.parquet runs/s34/one/transfer.parquet
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+QUOTE_RE = re.compile(r'"([^"]{8,})"')
+ITEM_SPLIT = re.compile(r"(?m)^(\d+)\. ")
+
+
+def results(response: str) -> list[tuple[int, str]]:
+    """[(position, text)] of a search response; [(0, text)] for anything else (a page)."""
+    parts = ITEM_SPLIT.split(response)
+    if len(parts) < 3 or "Results for" not in parts[0]:  # a page may hold numbered lines too
+        return [(0, response)]
+    return [(int(parts[i]), parts[i + 1]) for i in range(1, len(parts) - 1, 2)]
+
+
+def positions(row: dict) -> tuple | None:
+    """(answer's position, quote's position) in the last tool response; None: no tool response.
+    Either is None when not found there; the quote's is "none" when the last turn quotes nothing."""
+    from atomcli.rewards import metrics
+    turns = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+    tools = [m["content"] for m in row["messages"] if m["role"] == "tool"]
+    if not turns or not tools:
+        return None
+    items = results(tools[-1])
+    golds = [metrics.normalize(g) for g in row["golden_answers"] if metrics.normalize(g)]
+    answer = next((n for n, text in items if any(g in metrics.normalize(text) for g in golds)), None)
+    said = QUOTE_RE.findall(turns[-1].split("<answer>")[0])
+    if not said:
+        return answer, "none"
+    quote = metrics.normalize(said[-1])
+    return answer, next((n for n, text in items if quote and quote in metrics.normalize(text)), None)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tables", nargs="+")
+    a = ap.parse_args(argv)
+    import pyarrow.parquet as pq
+    from atomcli.rewards import metrics
+    for path in a.tables:
+        rows = [r for r in pq.read_table(path).to_pylist() if "sqlite" in str(r.get("data_source"))]
+        answer_at, quote_at, cells = collections.Counter(), collections.Counter(), collections.Counter()
+        for r in rows:
+            p = positions(r)
+            if p is None:
+                continue
+            answer_at[p[0]] += 1
+            quote_at[p[1]] += 1
+            if p[0] is not None:
+                right = bool(r.get("answer")) and metrics.f1(r["answer"], r["golden_answers"]) >= 0.5
+                cells[("answer at 1" if p[0] == 1 else "answer at 0 (page)" if p[0] == 0 else "answer at 2-3",
+                       "quote there" if p[1] == p[0] else "quote at 1" if p[1] == 1 else "quote elsewhere",
+                       "right" if right else "wrong")] += 1
+        print(f"{path}: {len(rows)} real-text rows")
+        print(f"  answer's result in the last response: {dict(sorted(answer_at.items(), key=str))}")
+        print(f"  last quote's result: {dict(sorted(quote_at.items(), key=str))}")
+        for key in sorted(cells):
+            print(f"  {' / '.join(key)}: {cells[key]}")
+
+
+if __name__ == "__main__":
+    main()
