@@ -79,3 +79,25 @@ def test_positions_of_answer_and_quote():
     assert mod.positions(row('"The default is 2000." <answer>2000</answer>', response=PAGE)) == (0, 0)
     assert mod.positions(row('"not in any result at all" <answer>9</answer>', gold="9")) == (None, None)
     assert mod.positions({"golden_answers": ["x"], "messages": []}) is None
+
+
+def test_sentences_reordered_inside_each_snippet_keeping_quotes_whole():
+    mod = load("shuffle_results")
+    item = ("1. Limits\n   url: local://doc/a\n   …The limit is set at compile time. The default setting for "
+            "SQLITE_MAX_COLUMN is 2000. It can be lowered at run-time. Beyond that…\n")
+    sentences = {"The limit is set at compile time.", "The default setting for SQLITE_MAX_COLUMN is 2000.",
+                 "It can be lowered at run-time."}
+    orders = set()
+    for seed in range(20):
+        out = mod.shuffle_snippet(item, random.Random(seed), ["The default setting for SQLITE_MAX_COLUMN is 2000"])
+        head, snippet = out.rsplit("\n   ", 1)
+        assert head == "1. Limits\n   url: local://doc/a" and out.endswith("…\n") and snippet.startswith("…")
+        assert all(s in snippet for s in sentences) and len(out) == len(item)
+        orders.add(snippet)
+    assert len(orders) > 1
+    # a quote that spans two of the splitter's sentences is never cut: orders that would cut it keep the snippet
+    keep = ["set at compile time. The default setting"]
+    outs = [mod.shuffle_snippet(item, random.Random(s), keep) for s in range(10)]
+    assert all(keep[0] in o for o in outs) and item in outs
+    out = mod.shuffle_response(RESPONSE, random.Random(3), sentences=True)
+    assert sorted(re.findall(r"(?m)^\d+\. (.*)$", out)) == sorted(re.findall(r"(?m)^\d+\. (.*)$", RESPONSE))
