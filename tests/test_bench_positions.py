@@ -101,3 +101,15 @@ def test_sentences_reordered_inside_each_snippet_keeping_quotes_whole():
     assert all(keep[0] in o for o in outs) and item in outs
     out = mod.shuffle_response(RESPONSE, random.Random(3), sentences=True)
     assert sorted(re.findall(r"(?m)^\d+\. (.*)$", out)) == sorted(re.findall(r"(?m)^\d+\. (.*)$", RESPONSE))
+
+
+def test_sentence_places_inside_the_answers_result():
+    mod = load("positions")
+    def row(last):
+        return {"golden_answers": ["2000"], "messages": [{"role": "assistant", "content": "s"},
+                                                         {"role": "tool", "content": RESPONSE},
+                                                         {"role": "assistant", "content": last}]}
+    assert mod.sentence_places(row('"The default setting for SQLITE_MAX_COLUMN is 2000" <answer>2000</answer>')) == (0, 0)
+    assert mod.sentence_places(row('"You can change it" <answer>it</answer>')) == (0, 1)
+    assert mod.sentence_places(row('"The maximum number of bytes in a string" <answer>1</answer>')) is None  # result 2
+    assert mod.sentence_places(row("<answer>2000</answer>")) is None  # no quote

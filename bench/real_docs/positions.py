@@ -3,7 +3,10 @@
 For each real-text row of an SFT table or an answered table (`atom eval --answers`), the last tool response is
 split into its numbered results (a browsed page counts as position 0); the row is counted by the position of the
 result that holds a golden answer, the position of the result its last turn quotes from, and whether they agree.
-A policy that quotes result 1 when the answer is in result 2 or 3 reads by position, not by content.
+A policy that quotes result 1 when the answer is in result 2 or 3 reads by position, not by content. Inside the
+result that holds the answer, when the last turn quotes from it, the same is counted one level down: is the answer
+in the snippet's first sentence, is the quote its first sentence (session 34: the policy quotes the first sentence
+when the answer is in a later one).
 
     python bench/real_docs/positions.py runs/s34/w/sft.parquet runs/s34/one/transfer.parquet
 """
@@ -48,6 +51,28 @@ def positions(row: dict) -> tuple | None:
     return answer, next((n for n, text in items if quote and quote in metrics.normalize(text)), None)
 
 
+def sentence_places(row: dict) -> tuple | None:
+    """(the answer's sentence, the quote's sentence) by index in the snippet (or page) of the last response's result
+    that holds the answer, when the last turn quotes from that result; None otherwise. An index is None when no
+    sentence holds it (a quote that spans two sentences)."""
+    from atomcli.env.reader import split_sentences
+    from atomcli.rewards import metrics
+    p = positions(row)
+    if not p or p[0] is None or p[1] != p[0]:
+        return None
+    tools = [m["content"] for m in row["messages"] if m["role"] == "tool"]
+    text = dict(results(tools[-1]))[p[0]]
+    if p[0]:
+        text = text.split("\n", 2)[-1]  # a result: drop its title and url lines
+    sentences = [metrics.normalize(s) for s in split_sentences(text.strip())]
+    turns = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+    quote = metrics.normalize(QUOTE_RE.findall(turns[-1].split("<answer>")[0])[-1])
+    golds = [metrics.normalize(g) for g in row["golden_answers"] if metrics.normalize(g)]
+    answer = next((i for i, s in enumerate(sentences) if any(g in s for g in golds)), None)
+    quoted = next((i for i, s in enumerate(sentences) if quote and quote in s), None)
+    return answer, quoted
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("tables", nargs="+")
@@ -57,14 +82,19 @@ def main(argv=None) -> None:
     for path in a.tables:
         rows = [r for r in pq.read_table(path).to_pylist() if "sqlite" in str(r.get("data_source"))]
         answer_at, quote_at, cells = collections.Counter(), collections.Counter(), collections.Counter()
+        inside = collections.Counter()
         for r in rows:
             p = positions(r)
             if p is None:
                 continue
             answer_at[p[0]] += 1
             quote_at[p[1]] += 1
+            right = bool(r.get("answer")) and metrics.f1(r["answer"], r["golden_answers"]) >= 0.5
+            if (sp := sentence_places(r)) is not None:
+                inside[("answer in sentence 1" if sp[0] == 0 else "answer later",
+                        "quote is sentence 1" if sp[1] == 0 else "quote later" if sp[1] else "quote spans two",
+                        "right" if right else "wrong")] += 1
             if p[0] is not None:
-                right = bool(r.get("answer")) and metrics.f1(r["answer"], r["golden_answers"]) >= 0.5
                 cells[("answer at 1" if p[0] == 1 else "answer at 0 (page)" if p[0] == 0 else "answer at 2-3",
                        "quote there" if p[1] == p[0] else "quote at 1" if p[1] == 1 else "quote elsewhere",
                        "right" if right else "wrong")] += 1
@@ -73,6 +103,9 @@ def main(argv=None) -> None:
         print(f"  last quote's result: {dict(sorted(quote_at.items(), key=str))}")
         for key in sorted(cells):
             print(f"  {' / '.join(key)}: {cells[key]}")
+        print("  inside the answer's result, when the last turn quotes from it:")
+        for key in sorted(inside):
+            print(f"    {' / '.join(key)}: {inside[key]}")
 
 
 if __name__ == "__main__":
