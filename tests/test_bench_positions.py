@@ -106,10 +106,12 @@ def test_sentences_reordered_inside_each_snippet_keeping_quotes_whole():
 def test_sentence_places_inside_the_answers_result():
     mod = load("positions")
     def row(last):
-        return {"golden_answers": ["2000"], "messages": [{"role": "assistant", "content": "s"},
+        return {"golden_answers": ["2000"], "question": "What is the default setting for SQLITE_MAX_COLUMN?",
+                "messages": [{"role": "assistant", "content": "s"},
                                                          {"role": "tool", "content": RESPONSE},
                                                          {"role": "assistant", "content": last}]}
-    assert mod.sentence_places(row('"The default setting for SQLITE_MAX_COLUMN is 2000" <answer>2000</answer>')) == (0, 0)
-    assert mod.sentence_places(row('"You can change it" <answer>it</answer>')) == (0, 1)
+    # the first sentence holds the answer and shares the question's words (default, setting, sqlite_max_column)
+    assert mod.sentence_places(row('"The default setting for SQLITE_MAX_COLUMN is 2000" <answer>2000</answer>')) == (0, 0, {0})
+    assert mod.sentence_places(row('"You can change it" <answer>it</answer>')) == (0, 1, {0})
     assert mod.sentence_places(row('"The maximum number of bytes in a string" <answer>1</answer>')) is None  # result 2
     assert mod.sentence_places(row("<answer>2000</answer>")) is None  # no quote

@@ -6,7 +6,9 @@ result that holds a golden answer, the position of the result its last turn quot
 A policy that quotes result 1 when the answer is in result 2 or 3 reads by position, not by content. Inside the
 result that holds the answer, when the last turn quotes from it, the same is counted one level down: is the answer
 in the snippet's first sentence, is the quote its first sentence (session 34: the policy quotes the first sentence
-when the answer is in a later one).
+when the answer is in a later one), and whether the answer's sentence and the quoted one are those that share the
+most words with the question (ties count for each): a policy that reads by content quotes the sentence that
+matches the question, not the first one.
 
     python bench/real_docs/positions.py runs/s34/w/sft.parquet runs/s34/one/transfer.parquet
 """
@@ -51,10 +53,15 @@ def positions(row: dict) -> tuple | None:
     return answer, next((n for n, text in items if quote and quote in metrics.normalize(text)), None)
 
 
+STOPWORDS = frozenset("a an and are as at be by does do for from how in is it its of on or that the this to was "
+                      "what when which with".split())
+
+
 def sentence_places(row: dict) -> tuple | None:
-    """(the answer's sentence, the quote's sentence) by index in the snippet (or page) of the last response's result
-    that holds the answer, when the last turn quotes from that result; None otherwise. An index is None when no
-    sentence holds it (a quote that spans two sentences)."""
+    """(the answer's sentence, the quote's sentence, the indexes of the sentences that share the most non-stopword
+    words with the question) by index in the snippet (or page) of the last response's result that holds the answer,
+    when the last turn quotes from that result; None otherwise. An index is None when no sentence holds it (a quote
+    that spans two sentences)."""
     from atomcli.env.reader import split_sentences
     from atomcli.rewards import metrics
     p = positions(row)
@@ -70,7 +77,9 @@ def sentence_places(row: dict) -> tuple | None:
     golds = [metrics.normalize(g) for g in row["golden_answers"] if metrics.normalize(g)]
     answer = next((i for i, s in enumerate(sentences) if any(g in s for g in golds)), None)
     quoted = next((i for i, s in enumerate(sentences) if quote and quote in s), None)
-    return answer, quoted
+    words = set(metrics.normalize(row.get("question") or "").split()) - STOPWORDS
+    shared = [len(words & set(s.split())) for s in sentences]
+    return answer, quoted, {i for i, n in enumerate(shared) if n == max(shared)}
 
 
 def main(argv=None) -> None:
@@ -82,7 +91,7 @@ def main(argv=None) -> None:
     for path in a.tables:
         rows = [r for r in pq.read_table(path).to_pylist() if "sqlite" in str(r.get("data_source"))]
         answer_at, quote_at, cells = collections.Counter(), collections.Counter(), collections.Counter()
-        inside = collections.Counter()
+        inside, overlap = collections.Counter(), collections.Counter()
         for r in rows:
             p = positions(r)
             if p is None:
@@ -94,6 +103,10 @@ def main(argv=None) -> None:
                 inside[("answer in sentence 1" if sp[0] == 0 else "answer later",
                         "quote is sentence 1" if sp[1] == 0 else "quote later" if sp[1] else "quote spans two",
                         "right" if right else "wrong")] += 1
+                if sp[0] is not None and sp[1] is not None:
+                    overlap[("answer's sentence shares the most question words" if sp[0] in sp[2] else
+                             "answer's sentence does not", "so does the quote's" if sp[1] in sp[2] else
+                             "the quote's does not")] += 1
             if p[0] is not None:
                 cells[("answer at 1" if p[0] == 1 else "answer at 0 (page)" if p[0] == 0 else "answer at 2-3",
                        "quote there" if p[1] == p[0] else "quote at 1" if p[1] == 1 else "quote elsewhere",
@@ -106,6 +119,8 @@ def main(argv=None) -> None:
         print("  inside the answer's result, when the last turn quotes from it:")
         for key in sorted(inside):
             print(f"    {' / '.join(key)}: {inside[key]}")
+        for key in sorted(overlap):
+            print(f"    {' / '.join(key)}: {overlap[key]}")
 
 
 if __name__ == "__main__":
