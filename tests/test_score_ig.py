@@ -165,8 +165,13 @@ def test_bf16_scores_are_the_direct_pass_under_autocast(tiny_model, tok, model, 
     out = score_ig.run(make_table(tok, [row], str(tiny_model)),
                        score_ig.IGConfig(ig="logprob", precision="bf16", reuse_prefix=reuse_prefix),
                        quiet()).to_pylist()[0]
-    assert out["turn_ig"] == pytest.approx([low[1] - low[0], low[2] - low[1]], rel=1e-3, abs=5e-5)
-    assert out["turn_ig"] != pytest.approx([full[1] - full[0], full[2] - full[1]], rel=1e-3, abs=5e-5)
+    want_low, want_full = [low[1] - low[0], low[2] - low[1]], [full[1] - full[0], full[2] - full[1]]
+    # The scorer's batched (or prefix-reusing) pass has other shapes than the direct one: on a CPU with AMX,
+    # bf16 kernels then round differently (1.6e-4 apart here, against 3-5e-4 between bf16 and fp32). So each
+    # score must sit well inside the gap between the two precisions, on bf16's side: an fp32 pass fails this.
+    for got, lo, hi in zip(out["turn_ig"], want_low, want_full):
+        assert abs(got - lo) < 0.6 * abs(hi - lo), (out["turn_ig"], want_low, want_full)
+    assert out["turn_ig"] != pytest.approx(want_full, rel=1e-3, abs=5e-5)
     with pytest.raises(InputError, match="valid: auto, bf16, fp32"):
         score_ig.run(make_table(tok, [row], str(tiny_model)), score_ig.IGConfig(precision="fp8"), quiet())
 
