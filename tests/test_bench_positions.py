@@ -29,7 +29,7 @@ def load(name):
 
 
 def items(text):
-    """{title: (position, block)} of a search response."""
+    """{title: position} of a search response."""
     return {m.group(2): int(m.group(1)) for m in re.finditer(r"(?m)^(\d+)\. (.*)$", text)}
 
 

@@ -22,8 +22,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-QUOTE_RE = re.compile(r'"([^"]{8,})"')
+from reading import last_quotes  # noqa: E402 (the last turn's quotes, parsed as reading.py counts them)
+
 ITEM_SPLIT = re.compile(r"(?m)^(\d+)\. ")
 
 
@@ -46,7 +48,7 @@ def positions(row: dict) -> tuple | None:
     items = results(tools[-1])
     golds = [metrics.normalize(g) for g in row["golden_answers"] if metrics.normalize(g)]
     answer = next((n for n, text in items if any(g in metrics.normalize(text) for g in golds)), None)
-    said = QUOTE_RE.findall(turns[-1].split("<answer>")[0])
+    said = last_quotes(row)
     if not said:
         return answer, "none"
     quote = metrics.normalize(said[-1])
@@ -57,14 +59,14 @@ STOPWORDS = frozenset("a an and are as at be by does do for from how in is it it
                       "what when which with".split())
 
 
-def sentence_places(row: dict) -> tuple | None:
+def sentence_places(row: dict, places: tuple | None = None) -> tuple | None:
     """(the answer's sentence, the quote's sentence, the indexes of the sentences that share the most non-stopword
     words with the question) by index in the snippet (or page) of the last response's result that holds the answer,
     when the last turn quotes from that result; None otherwise. An index is None when no sentence holds it (a quote
-    that spans two sentences)."""
+    that spans two sentences). places: `positions(row)` when the caller has it already."""
     from atomcli.env.reader import split_sentences
     from atomcli.rewards import metrics
-    p = positions(row)
+    p = places if places is not None else positions(row)
     if not p or p[0] is None or p[1] != p[0]:
         return None
     tools = [m["content"] for m in row["messages"] if m["role"] == "tool"]
@@ -72,8 +74,7 @@ def sentence_places(row: dict) -> tuple | None:
     if p[0]:
         text = text.split("\n", 2)[-1]  # a result: drop its title and url lines
     sentences = [metrics.normalize(s) for s in split_sentences(text.strip())]
-    turns = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
-    quote = metrics.normalize(QUOTE_RE.findall(turns[-1].split("<answer>")[0])[-1])
+    quote = metrics.normalize(last_quotes(row)[-1])
     golds = [metrics.normalize(g) for g in row["golden_answers"] if metrics.normalize(g)]
     answer = next((i for i, s in enumerate(sentences) if any(g in s for g in golds)), None)
     quoted = next((i for i, s in enumerate(sentences) if quote and quote in s), None)
@@ -99,7 +100,7 @@ def main(argv=None) -> None:
             answer_at[p[0]] += 1
             quote_at[p[1]] += 1
             right = bool(r.get("answer")) and metrics.f1(r["answer"], r["golden_answers"]) >= 0.5
-            if (sp := sentence_places(r)) is not None:
+            if (sp := sentence_places(r, p)) is not None:
                 inside[("answer in sentence 1" if sp[0] == 0 else "answer later",
                         "quote is sentence 1" if sp[1] == 0 else "quote later" if sp[1] else "quote spans two",
                         "right" if right else "wrong")] += 1

@@ -20,9 +20,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reading import QUOTE_RE  # noqa: E402 (a quoted sentence, as reading.py and positions.py find them)
 
 ITEM_START = re.compile(r"(?m)^(\d+)\. ")
-QUOTE_RE = re.compile(r'"([^"]{8,})"')  # the sentences an assistant turn quotes
 
 
 def shuffle_snippet(item: str, rng: random.Random, keep: list[str]) -> str:
@@ -74,6 +76,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sentences", action="store_true",
                     help="also reorder the sentences inside each result's snippet (the quoted sentence stays whole)")
     a = ap.parse_args(argv)
+    import pyarrow as pa
     import pyarrow.parquet as pq
     from atomcli import tableio
     table = pq.read_table(a.src)
@@ -89,7 +92,7 @@ def main(argv=None) -> None:
                 new = shuffle_response(m["content"], rng, a.sentences, quotes)
                 moved += new != m["content"]
                 m["content"] = new
-    out = tableio.table_bytes(__import__("pyarrow").Table.from_pylist(rows, schema=table.schema), "parquet")
+    out = tableio.table_bytes(pa.Table.from_pylist(rows, schema=table.schema), "parquet")
     Path(a.dest).write_bytes(out)
     print(f"{a.dest}: {len(rows)} rows, {moved} search responses reordered")
 
