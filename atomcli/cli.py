@@ -324,6 +324,10 @@ def demo_world_cmd(
                                        "an expert that names no hop count and restates the question after each "
                                        "fact) or stepwise-real (stepwise plus the SQLite benchmark's passages, "
                                        "train questions and expert trajectories).")] = "classic",
+    snippets: Annotated[str, typer.Option("--snippets", help="Snippet order the experts' searches see: text "
+                                          "(as cut from the page) or query (sentences with the most query words "
+                                          "first; stepwise styles only). Roll out and evaluate on the world "
+                                          "with the same --search-options snippets=...")] = "text",
 ):
     """Write the embedded fictional research world (corpus, questions, SFT set, index)."""
     if real is not None:
@@ -334,7 +338,7 @@ def demo_world_cmd(
         return
     from atomcli.demo import world as demo_world
     demo_world.main(out, seed=seed, articles=articles, train=train, test=test, sft=sft, style=style,
-                    context=_context())
+                    snippets=snippets, context=_context())
 
 
 @app.command("show", cls=AtomCommand)

@@ -347,3 +347,30 @@ def test_stepwise_real_mixes_the_real_benchmarks_train_part_into_corpus_question
     urls = {u for r in real_rows for m in r["messages"] for u in re.findall(r"local://doc/[\w%.-]+", m["content"])}
     assert urls and all(index.read_local(u) is not None for u in urls)
     index.close()
+
+
+def test_stepwise_real_world_with_query_ordered_snippets(tmp_path):
+    """`--snippets query`: the experts search the world's index with the snippet order a rollout gets from
+    `--search-options snippets=query`, so every search response in the SFT set is that engine's output (and
+    not the page-order one, for some); the order is in the SFT table's provenance; other styles refuse it."""
+    from atomcli.env import search_local
+    from atomcli.env.tools import format_search
+    out = tmp_path / "q"
+    demo_world.main(str(out), seed=0, articles=300, train=60, test=20, sft=30, style="stepwise-real",
+                    snippets="query", context=Context(quiet=True))
+    table = pq.read_table(out / "sft.parquet")
+    assert schema.provenance(table)[-1]["config"]["snippets"] == "query"
+    query_ix = search_local.LocalIndex(str(out / "index.sqlite"), snippets="query")
+    text_ix = search_local.LocalIndex(str(out / "index.sqlite"))
+    seen = reordered = 0
+    for row in table.to_pylist():
+        for m in row["messages"]:
+            for q in re.findall(r'Results for "([^"]+)":', m["content"]) if m["role"] == "tool" else []:
+                assert format_search(q, query_ix.search(q, demo_world.SFT_K)) in m["content"], q
+                seen += 1
+                reordered += format_search(q, text_ix.search(q, demo_world.SFT_K)) not in m["content"]
+    assert seen > 100 and reordered > seen // 10, (seen, reordered)
+    proc = atom("demo-world", "--style", "classic", "--snippets", "query", "--out", tmp_path / "c")
+    assert proc.returncode == 2 and b"stepwise" in proc.stderr and not (tmp_path / "c").exists()
+    proc = atom("demo-world", "--style", "stepwise-real", "--snippets", "bogus", "--out", tmp_path / "b")
+    assert proc.returncode == 2 and b"valid: query, text" in proc.stderr and not (tmp_path / "b").exists()

@@ -75,6 +75,38 @@ def test_snippet_is_a_window_of_the_best_matching_text(tmp_path):
     assert "Quellstone" in hit["snippet"] and 30 <= len(words) <= 60, hit["snippet"]
 
 
+def test_order_snippet_puts_the_sentences_with_most_query_words_first():
+    snip = ("…began in 1903. The default page size is 4096 bytes. The maximum page size is 65536 bytes. "
+            "Page sizes are powers of two between…")
+    got = search_local.order_snippet(snip, ["maximum", "page", "size"])
+    # 3 words (maximum, page, size), then 2 (page, size) in page order; the cut fragments keep their "…"
+    assert got == ("The maximum page size is 65536 bytes. The default page size is 4096 bytes. Page sizes are "
+                   "powers of two between… …began in 1903."), got
+    assert sorted(got.split()) == sorted(snip.split())  # the same words, each "…" on its fragment
+    # stems: "defaults" matches "default"; no query word anywhere leaves page order
+    assert search_local.order_snippet(snip, ["defaults"]).startswith("The default page size")
+    assert search_local.order_snippet(snip, ["zebra"]) == snip
+    assert search_local.order_snippet("One sentence only…", ["only"]) == "One sentence only…"
+
+
+def test_query_ordered_snippets_change_order_not_results(tmp_path):
+    doc = {"id": "lim", "title": "Limits", "contents": "Limits are set at compile time. The default page size "
+           "is 4096 bytes. The maximum page size is 65536 bytes. Both can be changed."}
+    other = {"id": "x", "title": "Other", "contents": "A page about something else with a maximum."}
+    search_local.build_index(str(write_jsonl(tmp_path / "c.jsonl", [doc, other])), str(tmp_path / "i.sqlite"))
+    ctx = Context(quiet=True)
+    text = ctx.search(f"local:{tmp_path / 'i.sqlite'}")
+    query = ctx.search(f"local:{tmp_path / 'i.sqlite'}", snippets="query")
+    assert query is not text and query.name != text.name  # another engine output: another cache key
+    a, b = text.search("maximum page size", 5), query.search("maximum page size", 5)
+    assert [(r["id"], r["score"], r["title"], r["url"]) for r in a] == [(r["id"], r["score"], r["title"], r["url"])
+                                                                        for r in b]
+    assert a[0]["snippet"].startswith("Limits are set") and b[0]["snippet"].startswith("The maximum page size")
+    assert sorted(a[0]["snippet"].split()) == sorted(b[0]["snippet"].split())
+    with pytest.raises(InputError, match=r"unknown snippets order `bogus`.*valid: query, text"):
+        plugins.make_search(f"local:{tmp_path / 'i.sqlite'}", ctx, snippets="bogus")
+
+
 def test_local_urls_and_read_local_round_trip(index):
     by_title = {r["title"]: r["url"] for r in index.search("Velmora Quist Orlenic Press Dravenholt Ember", 10)}
     assert by_title["Orlenic Press"] == "local://doc/o%202%2Fx"          # id url-quoted

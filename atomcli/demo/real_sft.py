@@ -39,11 +39,13 @@ MAX_SEARCHES = 4
 IDENT_RE = re.compile(r"\b(?:sqlite3_\w+(?:\(\))?|SQLITE_[A-Z0-9_]+|[a-z_]+\(\))")
 
 
-def trajectories(name: str, *, seed: int = 0, context=None, spec: str = "") -> tuple[list[dict], int]:
+def trajectories(name: str, *, seed: int = 0, context=None, spec: str = "",
+                 snippets: str = "text") -> tuple[list[dict], int]:
     """(rows for the train questions the expert solved, how many it dropped).
 
     spec: search the index of a world that holds these passages among others (stepwise-real), so the
-    observations are the ones its rollouts get; "" builds the benchmark's own index."""
+    observations are the ones its rollouts get; "" builds the benchmark's own index. snippets: the
+    index's snippet order (search_local.SNIPPET_ORDERS)."""
     from atomcli.context import Context
     from atomcli.demo import real_docs
 
@@ -52,7 +54,7 @@ def trajectories(name: str, *, seed: int = 0, context=None, spec: str = "") -> t
     train = [q for q in questions if q["split"] == "train"]  # never the test split
     def solve(search_spec: str) -> tuple[list[dict], int]:
         return world.expert_trajectories(search_spec, ctx, lambda tools: RealExpert(tools, corpus, seed), train,
-                                         lambda q: q["golden_answers"])
+                                         lambda q: q["golden_answers"], snippets=snippets)
 
     if spec:
         return solve(spec)

@@ -738,15 +738,18 @@ def check_sizes(articles: int, train: int, test: int, sft: int) -> None:
         raise InputError(f"--sft {sft} exceeds --train {train}", hint="SFT questions come from the train split only")
 
 
-def expert_trajectories(spec: str, ctx, make_expert, questions, golden, limit: int | None = None):
+def expert_trajectories(spec: str, ctx, make_expert, questions, golden, limit: int | None = None,
+                        snippets: str = "text"):
     """SFT rows an expert writes with the real tools over the index `spec`: up to `limit` rows that are
     well formed and answer exactly (F1 1), and how many were dropped. `make_expert(toolbox)` builds the
-    expert, `golden(question)` gives its golden answers. The ToolBox is closed and its cached search
+    expert, `golden(question)` gives its golden answers; `snippets` is the index's snippet order (the
+    `snippets=` search option its rollouts will use). The ToolBox is closed and its cached search
     forgotten afterwards: the index lives in a folder about to be renamed or deleted."""
     from atomcli.env.tools import ToolBox
     from atomcli.rewards import metrics
     rows, dropped = [], 0
-    toolbox = ToolBox(spec, ctx, k=SFT_K)
+    options = {} if snippets == "text" else {"snippets": snippets}
+    toolbox = ToolBox(spec, ctx, k=SFT_K, search_options=options)
     try:
         expert = make_expert(toolbox)
         for q in questions:
@@ -760,17 +763,19 @@ def expert_trajectories(spec: str, ctx, make_expert, questions, golden, limit: i
     finally:
         toolbox.close()
         toolbox.backend.close()
-        ctx.forget(("search", spec, ()))
+        ctx.forget(("search", spec, tuple(sorted(options.items()))))
     return rows, dropped
 
 
 def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, test: int = 100, sft: int = 200,
-         style: str = "classic", context=None) -> dict:
+         style: str = "classic", snippets: str = "text", context=None) -> dict:
     """Write the demo world into the folder `out` (replaced atomically); return a summary.
 
     `style` "research" writes the world and SFT mix of `research_world` instead (issue 20);
     "stepwise" this module's world with the stepwise expert's SFT set (module docstring); the
-    default, "classic", is this module's world, unchanged so that earlier runs reproduce."""
+    default, "classic", is this module's world, unchanged so that earlier runs reproduce.
+    `snippets`: the search results' snippet order the experts see (search_local.SNIPPET_ORDERS); train
+    and evaluate on the world with the same `--search-options snippets=...`."""
     from atomcli import tableio
     from atomcli.context import Context
     from atomcli.demo import real_docs, real_sft
@@ -778,6 +783,10 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
 
     if style not in STYLES:
         raise unknown_choice("demo-world style", style, STYLES)
+    if snippets not in search_local.SNIPPET_ORDERS:
+        raise unknown_choice("snippets order", snippets, search_local.SNIPPET_ORDERS)
+    if snippets != "text" and style not in ("stepwise", "stepwise-real"):
+        raise InputError(f"--snippets {snippets} is for the stepwise styles", hint="use --style stepwise-real")
     ctx = context or Context(quiet=True)
     if style == "research":
         from atomcli.demo import research_world
@@ -794,7 +803,8 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
     # after the demo's in train.jsonl (run-all's steps draw both), the test split never read
     real_passages, real_train = real_docs.train_part(real)
     config = {"seed": seed, "articles": articles, "train": train, "test": test, "sft": sft, "k": SFT_K,
-              "date": SYSTEM_DATE, **({"style": style} if stepwise else {})}  # classic: the bytes it always had
+              "date": SYSTEM_DATE, **({"style": style} if stepwise else {}),  # classic: the bytes it always had
+              **({"snippets": snippets} if snippets != "text" else {})}
     with tableio.atomic_dir(dest) as tmp:
         (tmp / "corpus.jsonl").write_bytes(_jsonl(docs + real_passages))
         (tmp / "train.jsonl").write_bytes(_jsonl([q.row() for q in train_q] + real_train))
@@ -804,10 +814,10 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
         spec = "local:" + index
         rows, dropped = expert_trajectories(
             spec, ctx, lambda tools: Expert(tools, world, seed, stepwise=stepwise, quote=bool(real)), train_q,
-            lambda q: q.golden_answers, limit=sft)
+            lambda q: q.golden_answers, limit=sft, snippets=snippets)
         real_rows, real_dropped = [], 0
         if real:  # searched in this world's own index: the observations its rollouts of these questions get
-            real_rows, real_dropped = real_sft.trajectories(real, seed=seed, context=ctx, spec=spec)
+            real_rows, real_dropped = real_sft.trajectories(real, seed=seed, context=ctx, spec=spec, snippets=snippets)
             rows = rows + real_rows
             random.Random(f"stepwise-real-mix:{seed}").shuffle(rows)  # SFT batches see both kinds of question
             config.update(real=real, real_sft=len(real_rows), real_train=len(real_train),

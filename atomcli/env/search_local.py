@@ -48,6 +48,9 @@ FORMAT = "atomcli-index-1"
 ENGINES = ("fts5",)
 LOCAL_PREFIX = "local://doc/"
 SNIPPET_TOKENS = 48   # FTS5 allows at most 64; ~40-60 words is what a web snippet shows
+# How a snippet's sentences are ordered (`--search-options snippets=...`): "text" as FTS5 cuts them from the page;
+# "query" those holding the most query words first, as a web engine puts its matching sentences up front.
+SNIPPET_ORDERS = ("text", "query")
 MAX_QUERY_TERMS = 32  # a model can write a page of text as a query; bound the OR clause
 TITLE_WEIGHT, BODY_WEIGHT = 4.0, 1.0
 WEIGHTS = (TITLE_WEIGHT, BODY_WEIGHT)
@@ -271,9 +274,13 @@ def _split_flashrag(contents: str) -> tuple[str, str]:
 class LocalIndex:
     """A read-only BM25 index. Thread-safe: each thread gets its own SQLite connection."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, snippets: str = "text"):
+        if snippets not in SNIPPET_ORDERS:
+            raise unknown_choice("snippets order", snippets, SNIPPET_ORDERS)
         self.path = path
-        self.name = f"local:{path}"
+        self.snippets = snippets
+        # the name keys tool caches: a non-default snippet order is another engine's output
+        self.name = f"local:{path}" + ("" if snippets == "text" else f"?snippets={snippets}")
         self.traits = plugins.SearchTraits(self.name, local_documents=True)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
@@ -323,7 +330,10 @@ class LocalIndex:
                 f"SELECT d.title, d.url, snippet(fts, 1, '', '', '…', {SNIPPET_TOKENS}), "
                 f"bm25(fts, {TITLE_WEIGHT}, {BODY_WEIGHT}), d.id FROM fts "
                 "JOIN docs d ON d.rowid = fts.rowid WHERE fts MATCH ? AND fts.rowid = ?", (expr, rowid)).fetchone()
-            out.append({"title": title, "url": url, "snippet": " ".join(snip.split()), "score": -score, "id": doc_id})
+            snip = " ".join(snip.split())
+            if self.snippets == "query":
+                snip = order_snippet(snip, words)
+            out.append({"title": title, "url": url, "snippet": snip, "score": -score, "id": doc_id})
         return out
 
     def rank_impacts(self, words: list[str], k: int) -> list[int] | None:
@@ -362,9 +372,34 @@ class LocalIndex:
         self._local = threading.local()
 
 
+def _stem(word: str) -> str:
+    """A crude case-folded stem, enough to match "defaults" with "default" (FTS5's Porter stemmer is not exposed)."""
+    w = word.lower()
+    for suffix in ("ing", "ed", "es", "s"):
+        if len(w) > len(suffix) + 2 and w.endswith(suffix):
+            return w[:-len(suffix)]
+    return w
+
+
+def order_snippet(snippet: str, words: list[str]) -> str:
+    """The snippet's sentences reordered: those holding the most distinct query words first, ties in page order.
+    The text is unchanged otherwise; a fragment cut by FTS5 keeps its "…" on the side where it was cut."""
+    from atomcli.env.reader import split_sentences
+    head = "…" if snippet.startswith("…") else ""
+    tail = "…" if snippet.endswith("…") and len(snippet) > 1 else ""
+    parts = split_sentences(snippet[len(head):len(snippet) - len(tail)])
+    if len(parts) < 2:
+        return snippet
+    parts[0], parts[-1] = head + parts[0], parts[-1] + tail
+    wanted = {_stem(w) for w in words}
+    hits = [len(wanted & {_stem(w) for w in _WORD.findall(p)}) for p in parts]
+    order = sorted(range(len(parts)), key=lambda i: (-hits[i], i))
+    return " ".join(parts[i] for i in order)
+
+
 @plugins.register_search("local")
-def open_index(arg: str, context=None, **options) -> LocalIndex:
-    """`local:INDEX`: open an index built by `atom index`."""
+def open_index(arg: str, context=None, snippets: str = "text", **options) -> LocalIndex:
+    """`local:INDEX`: open an index built by `atom index`. Options: snippets=text|query (SNIPPET_ORDERS)."""
     if not arg:
         raise InputError("search spec `local:` needs an index path", hint="local:PATH_TO_INDEX")
     p = Path(arg).expanduser()
@@ -373,4 +408,4 @@ def open_index(arg: str, context=None, **options) -> LocalIndex:
     if p.is_dir():
         raise InputError("is a folder, expected an index file", file=arg,
                          hint="for the demo world use DIR/index.sqlite")
-    return LocalIndex(str(p))
+    return LocalIndex(str(p), snippets=snippets)
