@@ -5,7 +5,9 @@ policy that copies the question would write), and the script counts, per hop cou
 occurs in the top-k snippets (what the agent sees after one search) and in the top-k full pages (what browsing
 those results would show). With `--report` (an `atom eval` report JSON of an agent on the same questions) it also
 counts the questions whose answer was in the snippets of that one search and which the agent still got wrong
-(F1 < 0.5): reading, not search, lost those.
+(F1 < 0.5): reading, not search, lost those. `--snippets query` searches with the local backend's query-ordered
+snippets (`--search-options snippets=query`); the "lead sentence" column counts the questions whose first snippet
+holding the answer holds it in its first sentence, the sentence a policy with a position habit quotes.
 
     python bench/real_docs/ceiling.py runs/sr/sft/real --report runs/s18/transfer/step-0010.json
 """
@@ -26,9 +28,11 @@ def main() -> None:
     ap.add_argument("world", type=Path, help="a real-text benchmark folder (test.jsonl, index.sqlite)")
     ap.add_argument("--k", type=int, default=3, help="results per search (the learn preset's k)")
     ap.add_argument("--report", help="an atom eval report JSON of an agent on the same test questions")
+    ap.add_argument("--snippets", default="text", help="the local backend's snippet order: text or query")
     args = ap.parse_args()
+    from atomcli.env.reader import split_sentences
     from atomcli.env.search_local import LocalIndex
-    idx = LocalIndex(str(args.world / "index.sqlite"))
+    idx = LocalIndex(str(args.world / "index.sqlite"), snippets=args.snippets)
     per_q = json.load(open(args.report))["per_question"] if args.report else {}
     c: dict = collections.Counter()
     for line in open(args.world / "test.jsonl", encoding="utf-8"):
@@ -38,18 +42,21 @@ def main() -> None:
         res = idx.search(q["question"], k=args.k)
         in_snippet = any(found(r["snippet"]) for r in res)
         in_page = any(found(idx.read_local(r["url"])) for r in res)
+        holding = [r["snippet"] for r in res if found(r["snippet"])]
+        lead = bool(holding) and found((split_sentences(holding[0].lstrip("…")) or [""])[0])
         h = q.get("hops", 1)
         c[h, "n"] += 1
         c[h, "snippet"] += in_snippet
         c[h, "page"] += in_page
+        c[h, "lead"] += lead
         if q["id"] in per_q:
             c[h, "right"] += per_q[q["id"]]["f1"] >= 0.5
             c[h, "lost"] += in_snippet and per_q[q["id"]]["f1"] < 0.5
-    print(f"| hops | questions | answer in top-{args.k} snippets | in top-{args.k} pages"
+    print(f"| hops | questions | answer in top-{args.k} snippets | of those, in the lead sentence | in top-{args.k} pages"
           + (" | agent right | in the snippets, agent wrong |" if per_q else " |"))
-    print("|---|---|---|---|" + ("---|---|" if per_q else ""))
+    print("|---|---|---|---|---|" + ("---|---|" if per_q else ""))
     for h in sorted({k[0] for k in c}):
-        row = f"| {h} | {c[h, 'n']} | {c[h, 'snippet']} | {c[h, 'page']} |"
+        row = f"| {h} | {c[h, 'n']} | {c[h, 'snippet']} | {c[h, 'lead']} | {c[h, 'page']} |"
         print(row + (f" {c[h, 'right']} | {c[h, 'lost']} |" if per_q else ""))
 
 
