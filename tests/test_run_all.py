@@ -247,6 +247,20 @@ def test_world_style_builds_the_research_world_and_refuses_unknown_styles(tmp_pa
     assert any(s.startswith("demo_") for s in sources) and any(s.startswith("sqlite_") for s in sources)
 
 
+def test_demo_world_is_built_for_the_rollouts_snippet_order(tmp_path):
+    """`[rollout] search_options = "snippets=query"` with --demo: the world's experts searched with that engine,
+    so the SFT rows show the snippets the rollouts will get."""
+    from atomcli import schema
+    from atomcli.context import Context
+    cfg = tmp_path / "q.toml"
+    cfg.write_text('[run-all]\nworld_style = "stepwise-real"\n[rollout]\nsearch_options = "snippets=query"\n')
+    settings = run_all.prepare(tmp_path / "q", True, True, str(cfg), Context(quiet=True))
+    world = Path(settings["run-all"]["train"]).parent
+    sft = tableio.read_table(str(world / "sft.parquet"))
+    assert schema.provenance(sft)[-1]["config"]["snippets"] == "query"
+    assert settings["rollout"]["search_options"] == "snippets=query"
+
+
 def test_dynamic_batch_keeps_groups_with_signal_across_rounds(tmp_path, monkeypatch):
     """The selection path: rounds are rolled out until `questions_per_step` groups have signal; the kept
     groups (by round and group id, so a repeated id cannot pull in another round's rows) are written."""

@@ -522,9 +522,13 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
         if style not in demo_world.STYLES:  # before anything is built
             from atomcli.errors import unknown_choice
             raise unknown_choice("world_style", style, demo_world.STYLES)
+        # the experts' searches see the snippet order the rollouts will get (`[rollout] search_options`)
+        from atomcli import plugins
+        snippets = plugins.parse_options(settings.get("rollout", {}).get("search_options", "")).get("snippets", "text")
         if build and not (world / "index.sqlite").exists():
             context.log(f"building the demo world ({style})...")
-            demo_world.main(str(world), seed=0, context=context, style=style, **(QUICK_WORLD if quick else {}))
+            demo_world.main(str(world), seed=0, context=context, style=style, snippets=snippets,
+                            **(QUICK_WORLD if quick else {}))
         ra.setdefault("train", str(world / "train.jsonl"))
         ra.setdefault("test", str(world / "test.jsonl"))
         ra.setdefault("sft_data", str(world / "sft.parquet"))
