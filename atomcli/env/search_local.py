@@ -16,7 +16,8 @@ scores every document that matches any term (2 ms at 100k documents), so by defa
 index also stores each term's precomputed BM25 contributions (`search_impacts.py`): a query
 is then a few blob reads and a numpy sum with the same scores (0.26 ms), and FTS5 ranks only
 what those cannot (phrases, function-word-only queries, indexes built with --no-impacts).
-FTS5 still makes the snippets. bench/bench_search.py measures both paths.
+FTS5 still makes the snippets (a window of about 48 words around the query's terms); the `snippets=query` option
+puts the window's sentences with the most query words first. bench/bench_search.py measures both paths.
 
 `build_index` streams the corpus (JSONL line by line, Parquet batch by batch) so 100k+
 document dumps never sit in memory as Python objects, and writes to a temporary file that is
