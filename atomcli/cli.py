@@ -327,7 +327,7 @@ def demo_world_cmd(
     snippets: Annotated[str, typer.Option("--snippets", help="Snippet order the experts' searches see: text "
                                           "(as cut from the page) or query (sentences with the most query words "
                                           "first; stepwise styles only). Roll out and evaluate on the world "
-                                          "with the same --search-options snippets=...")] = "text",
+                                          "with the same --search-options snippets=...")] = "text",  # PAGE_ORDER
 ):
     """Write the embedded fictional research world (corpus, questions, SFT set, index)."""
     if real is not None:

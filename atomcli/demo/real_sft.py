@@ -34,13 +34,14 @@ from pathlib import Path
 from atomcli.demo import research_expert as rx
 
 from atomcli.demo import world
+from atomcli.env import search_local
 MAX_SEARCHES = 4
 # Names a passage can bridge through: C functions and constants, SQL functions.
 IDENT_RE = re.compile(r"\b(?:sqlite3_\w+(?:\(\))?|SQLITE_[A-Z0-9_]+|[a-z_]+\(\))")
 
 
 def trajectories(name: str, *, seed: int = 0, context=None, spec: str = "",
-                 snippets: str = "text") -> tuple[list[dict], int]:
+                 snippets: str = search_local.PAGE_ORDER) -> tuple[list[dict], int]:
     """(rows for the train questions the expert solved, how many it dropped).
 
     spec: search the index of a world that holds these passages among others (stepwise-real), so the

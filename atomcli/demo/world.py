@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from atomcli import __version__
+from atomcli.env import search_local
 from atomcli.errors import InputError, unknown_choice
 
 SFT_K = 3              # search results per query for the expert (see the module docstring)
@@ -739,7 +740,7 @@ def check_sizes(articles: int, train: int, test: int, sft: int) -> None:
 
 
 def expert_trajectories(spec: str, ctx, make_expert, questions, golden, limit: int | None = None,
-                        snippets: str = "text"):
+                        snippets: str = search_local.PAGE_ORDER):
     """SFT rows an expert writes with the real tools over the index `spec`: up to `limit` rows that are
     well formed and answer exactly (F1 1), and how many were dropped. `make_expert(toolbox)` builds the
     expert, `golden(question)` gives its golden answers; `snippets` is the index's snippet order (the
@@ -748,7 +749,7 @@ def expert_trajectories(spec: str, ctx, make_expert, questions, golden, limit: i
     from atomcli.env.tools import ToolBox
     from atomcli.rewards import metrics
     rows, dropped = [], 0
-    options = {} if snippets == "text" else {"snippets": snippets}
+    options = search_local.snippet_options(snippets)
     toolbox = ToolBox(spec, ctx, k=SFT_K, search_options=options)
     try:
         expert = make_expert(toolbox)
@@ -768,7 +769,7 @@ def expert_trajectories(spec: str, ctx, make_expert, questions, golden, limit: i
 
 
 def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, test: int = 100, sft: int = 200,
-         style: str = "classic", snippets: str = "text", context=None) -> dict:
+         style: str = "classic", snippets: str = search_local.PAGE_ORDER, context=None) -> dict:
     """Write the demo world into the folder `out` (replaced atomically); return a summary.
 
     `style` "research" writes the world and SFT mix of `research_world` instead (issue 20);
@@ -779,13 +780,12 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
     from atomcli import tableio
     from atomcli.context import Context
     from atomcli.demo import real_docs, real_sft
-    from atomcli.env import search_local
 
     if style not in STYLES:
         raise unknown_choice("demo-world style", style, STYLES)
     if snippets not in search_local.SNIPPET_ORDERS:
         raise unknown_choice("snippets order", snippets, search_local.SNIPPET_ORDERS)
-    if snippets != "text" and style not in ("stepwise", "stepwise-real"):
+    if snippets != search_local.PAGE_ORDER and style not in ("stepwise", "stepwise-real"):
         raise InputError(f"--snippets {snippets} is for the stepwise styles", hint="use --style stepwise-real")
     ctx = context or Context(quiet=True)
     if style == "research":
@@ -804,7 +804,7 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
     real_passages, real_train = real_docs.train_part(real)
     config = {"seed": seed, "articles": articles, "train": train, "test": test, "sft": sft, "k": SFT_K,
               "date": SYSTEM_DATE, **({"style": style} if stepwise else {}),  # classic: the bytes it always had
-              **({"snippets": snippets} if snippets != "text" else {})}
+              **search_local.snippet_options(snippets)}
     with tableio.atomic_dir(dest) as tmp:
         (tmp / "corpus.jsonl").write_bytes(_jsonl(docs + real_passages))
         (tmp / "train.jsonl").write_bytes(_jsonl([q.row() for q in train_q] + real_train))

@@ -51,7 +51,9 @@ LOCAL_PREFIX = "local://doc/"
 SNIPPET_TOKENS = 48   # FTS5 allows at most 64; ~40-60 words is what a web snippet shows
 # How a snippet's sentences are ordered (`--search-options snippets=...`): "text" as FTS5 cuts them from the page;
 # "query" those holding the most query words first, as a web engine puts its matching sentences up front.
-SNIPPET_ORDERS = ("text", "query")
+SNIPPETS = "snippets"                 # the option's name
+PAGE_ORDER, QUERY_ORDER = "text", "query"
+SNIPPET_ORDERS = (PAGE_ORDER, QUERY_ORDER)
 MAX_QUERY_TERMS = 32  # a model can write a page of text as a query; bound the OR clause
 TITLE_WEIGHT, BODY_WEIGHT = 4.0, 1.0
 WEIGHTS = (TITLE_WEIGHT, BODY_WEIGHT)
@@ -275,13 +277,13 @@ def _split_flashrag(contents: str) -> tuple[str, str]:
 class LocalIndex:
     """A read-only BM25 index. Thread-safe: each thread gets its own SQLite connection."""
 
-    def __init__(self, path: str, snippets: str = "text"):
+    def __init__(self, path: str, snippets: str = PAGE_ORDER):
         if snippets not in SNIPPET_ORDERS:
             raise unknown_choice("snippets order", snippets, SNIPPET_ORDERS)
         self.path = path
         self.snippets = snippets
         # the name keys tool caches: a non-default snippet order is another engine's output
-        self.name = f"local:{path}" + ("" if snippets == "text" else f"?snippets={snippets}")
+        self.name = f"local:{path}" + ("" if snippets == PAGE_ORDER else f"?{SNIPPETS}={snippets}")
         self.traits = plugins.SearchTraits(self.name, local_documents=True)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
@@ -332,7 +334,7 @@ class LocalIndex:
                 f"bm25(fts, {TITLE_WEIGHT}, {BODY_WEIGHT}), d.id FROM fts "
                 "JOIN docs d ON d.rowid = fts.rowid WHERE fts MATCH ? AND fts.rowid = ?", (expr, rowid)).fetchone()
             snip = " ".join(snip.split())
-            if self.snippets == "query":
+            if self.snippets == QUERY_ORDER:
                 snip = order_snippet(snip, words)
             out.append({"title": title, "url": url, "snippet": snip, "score": -score, "id": doc_id})
         return out
@@ -373,6 +375,11 @@ class LocalIndex:
         self._local = threading.local()
 
 
+def snippet_options(order: str) -> dict:
+    """The search options that select a snippet order ({} for the default, so caches keep their keys)."""
+    return {} if order == PAGE_ORDER else {SNIPPETS: order}
+
+
 def _stem(word: str) -> str:
     """A crude case-folded stem, enough to match "defaults" with "default" (FTS5's Porter stemmer is not exposed)."""
     w = word.lower()
@@ -399,7 +406,7 @@ def order_snippet(snippet: str, words: list[str]) -> str:
 
 
 @plugins.register_search("local")
-def open_index(arg: str, context=None, snippets: str = "text", **options) -> LocalIndex:
+def open_index(arg: str, context=None, snippets: str = PAGE_ORDER, **options) -> LocalIndex:
     """`local:INDEX`: open an index built by `atom index`. Options: snippets=text|query (SNIPPET_ORDERS)."""
     if not arg:
         raise InputError("search spec `local:` needs an index path", hint="local:PATH_TO_INDEX")

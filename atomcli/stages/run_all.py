@@ -524,7 +524,9 @@ def prepare(out: Path, demo: bool, quick: bool, config_file: str | None, context
             raise unknown_choice("world_style", style, demo_world.STYLES)
         # the experts' searches see the snippet order the rollouts will get (`[rollout] search_options`)
         from atomcli import plugins
-        snippets = plugins.parse_options(settings.get("rollout", {}).get("search_options", "")).get("snippets", "text")
+        from atomcli.env import search_local
+        options = plugins.parse_options(settings.get("rollout", {}).get("search_options", ""))
+        snippets = options.get(search_local.SNIPPETS, search_local.PAGE_ORDER)
         if build and not (world / "index.sqlite").exists():
             context.log(f"building the demo world ({style})...")
             demo_world.main(str(world), seed=0, context=context, style=style, snippets=snippets,
