@@ -71,9 +71,18 @@ class Context:
     def search(self, spec: str, **kw):
         """A search backend for a SPEC string; see atomcli.plugins."""
         from atomcli import plugins
-        return self.cached(("search", spec, tuple(sorted(kw.items()))), lambda: plugins.make_search(spec, self, **kw))
+        return self.cached(_search_key(spec, kw), lambda: plugins.make_search(spec, self, **kw))
+
+    def forget_search(self, spec: str, **kw) -> None:
+        """Drop the backend `search(spec, **kw)` cached (its index is about to move or be deleted)."""
+        self.forget(_search_key(spec, kw))
 
     def judge(self, spec: str, **kw):
         """A judge for a SPEC string; see atomcli.plugins."""
         from atomcli import plugins
         return self.cached(("judge", spec, tuple(sorted(kw.items()))), lambda: plugins.make_judge(spec, self, **kw))
+
+
+def _search_key(spec: str, options: dict) -> tuple:
+    """What a search backend is cached under: its SPEC and its options."""
+    return ("search", spec, tuple(sorted(options.items())))

@@ -764,7 +764,7 @@ def expert_trajectories(spec: str, ctx, make_expert, questions, golden, limit: i
     finally:
         toolbox.close()
         toolbox.backend.close()
-        ctx.forget(("search", spec, tuple(sorted(options.items()))))
+        ctx.forget_search(spec, **options)
     return rows, dropped
 
 
@@ -783,8 +783,7 @@ def main(out: str, *, seed: int = 0, articles: int = 2400, train: int = 400, tes
 
     if style not in STYLES:
         raise unknown_choice("demo-world style", style, STYLES)
-    if snippets not in search_local.SNIPPET_ORDERS:
-        raise unknown_choice("snippets order", snippets, search_local.SNIPPET_ORDERS)
+    search_local.check_snippet_order(snippets)  # before anything is built
     if snippets != search_local.PAGE_ORDER and style not in ("stepwise", "stepwise-real"):
         raise InputError(f"--snippets {snippets} is for the stepwise styles", hint="use --style stepwise-real")
     ctx = context or Context(quiet=True)

@@ -278,8 +278,7 @@ class LocalIndex:
     """A read-only BM25 index. Thread-safe: each thread gets its own SQLite connection."""
 
     def __init__(self, path: str, snippets: str = PAGE_ORDER):
-        if snippets not in SNIPPET_ORDERS:
-            raise unknown_choice("snippets order", snippets, SNIPPET_ORDERS)
+        check_snippet_order(snippets)
         self.path = path
         self.snippets = snippets
         # the name keys tool caches: a non-default snippet order is another engine's output
@@ -375,6 +374,11 @@ class LocalIndex:
         self._local = threading.local()
 
 
+def check_snippet_order(order: str) -> None:
+    if order not in SNIPPET_ORDERS:
+        raise unknown_choice("snippets order", order, SNIPPET_ORDERS)
+
+
 def snippet_options(order: str) -> dict:
     """The search options that select a snippet order ({} for the default, so caches keep their keys)."""
     return {} if order == PAGE_ORDER else {SNIPPETS: order}
@@ -389,13 +393,18 @@ def _stem(word: str) -> str:
     return w
 
 
-def order_snippet(snippet: str, words: list[str]) -> str:
-    """The snippet's sentences reordered: those holding the most distinct query words first, ties in page order.
-    The text is unchanged otherwise; a fragment cut by FTS5 keeps its "…" on the side where it was cut."""
+def split_snippet(snippet: str) -> tuple[str, list[str], str]:
+    """(the leading "…" or "", the sentences between, the trailing "…" or ""): a snippet as FTS5 cut it."""
     from atomcli.env.reader import split_sentences
     head = "…" if snippet.startswith("…") else ""
     tail = "…" if snippet.endswith("…") and len(snippet) > 1 else ""
-    parts = split_sentences(snippet[len(head):len(snippet) - len(tail)])
+    return head, split_sentences(snippet[len(head):len(snippet) - len(tail)]), tail
+
+
+def order_snippet(snippet: str, words: list[str]) -> str:
+    """The snippet's sentences reordered: those holding the most distinct query words first, ties in page order.
+    The text is unchanged otherwise; a fragment cut by FTS5 keeps its "…" on the side where it was cut."""
+    head, parts, tail = split_snippet(snippet)
     if len(parts) < 2:
         return snippet
     parts[0], parts[-1] = head + parts[0], parts[-1] + tail

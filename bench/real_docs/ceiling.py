@@ -28,10 +28,9 @@ def main() -> None:
     ap.add_argument("world", type=Path, help="a real-text benchmark folder (test.jsonl, index.sqlite)")
     ap.add_argument("--k", type=int, default=3, help="results per search (the learn preset's k)")
     ap.add_argument("--report", help="an atom eval report JSON of an agent on the same test questions")
-    ap.add_argument("--snippets", default="text", help="the local backend's snippet order: text or query")
+    from atomcli.env.search_local import PAGE_ORDER, SNIPPET_ORDERS, LocalIndex, split_snippet
+    ap.add_argument("--snippets", default=PAGE_ORDER, choices=SNIPPET_ORDERS, help="the local backend's snippet order")
     args = ap.parse_args()
-    from atomcli.env.reader import split_sentences
-    from atomcli.env.search_local import LocalIndex
     idx = LocalIndex(str(args.world / "index.sqlite"), snippets=args.snippets)
     per_q = json.load(open(args.report))["per_question"] if args.report else {}
     c: dict = collections.Counter()
@@ -43,7 +42,7 @@ def main() -> None:
         in_snippet = any(found(r["snippet"]) for r in res)
         in_page = any(found(idx.read_local(r["url"])) for r in res)
         holding = [r["snippet"] for r in res if found(r["snippet"])]
-        lead = bool(holding) and found((split_sentences(holding[0].lstrip("…")) or [""])[0])
+        lead = bool(holding) and found((split_snippet(holding[0])[1] or [""])[0])
         h = q.get("hops", 1)
         c[h, "n"] += 1
         c[h, "snippet"] += in_snippet

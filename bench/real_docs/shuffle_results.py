@@ -31,14 +31,12 @@ def shuffle_snippet(item: str, rng: random.Random, keep: list[str]) -> str:
     """One result (title, url and snippet lines) with its snippet's sentences in a random order; the snippet's
     leading and trailing "…" stay where they are. Unchanged when a string of `keep` (the row's quotes) that the
     snippet holds would no longer be in it (a quote the sentence splitter would cut in two)."""
-    from atomcli.env.reader import split_sentences
+    from atomcli.env.search_local import split_snippet
     lines = item.rstrip("\n").split("\n")
     if len(lines) < 3:
         return item
     indent, snippet = lines[2][:len(lines[2]) - len(lines[2].lstrip())], lines[2].strip()
-    head = "…" if snippet.startswith("…") else ""
-    tail = "…" if snippet.endswith("…") and len(snippet) > 1 else ""
-    sentences = split_sentences(snippet[len(head):len(snippet) - len(tail)])
+    head, sentences, tail = split_snippet(snippet)
     if len(sentences) < 2:
         return item
     rng.shuffle(sentences)
