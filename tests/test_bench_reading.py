@@ -51,20 +51,36 @@ def test_the_last_turns_quote_holds_the_answer_or_another_sentence_or_nothing():
     assert mod.quoted(row("OFF", last='<think>It says "OFF".</think><answer>OFF</answer>')) == "no quote"
 
 
+def test_an_anchor_is_a_piece_of_the_quote_named_in_the_last_reflection():
+    mod = load()
+    said = ('<think><OBSERVATION>It reads "The defer_foreign_keys pragma defaults to OFF".</OBSERVATION>'
+            '<REFLECTION>It says "{}", so OFF.</REFLECTION></think><answer>OFF</answer>')
+    assert mod.anchor(row("OFF", last=said.format("defaults to OFF"))) == "defaults to OFF"
+    assert mod.last_quotes(row("OFF", last=said.format("defaults to OFF"))) == ["The defer_foreign_keys pragma defaults to OFF"]
+    assert mod.anchor(row("OFF", last=said.format("not in the quote"))) is None
+    assert mod.anchor(row("OFF", last='<think>It reads "The pragma defaults to OFF".</think><answer>OFF</answer>')) is None
+
+
 def test_cli_counts_and_skips_unanswered_tables(tmp_path):
     answered = tmp_path / "sft.parquet"
     quote = '<think>It reads "The defer_foreign_keys pragma defaults to OFF".</think><answer>OFF</answer>'
     pair = '<think>Two values: "foreign key constraints are only deferred" and "The pragma defaults to OFF".</think>'
+    anchored = ('<think><OBSERVATION>It reads "The defer_foreign_keys pragma defaults to OFF".</OBSERVATION>'
+                '<REFLECTION>It says "{}", so {}.</REFLECTION></think><answer>x</answer>')
     pq.write_table(pa.Table.from_pylist([row("OFF", last=quote), row("defer_foreign_keys pragma"), row("ON"),
                                          row("ON", tool_text="x"), row("ON", last=pair + "<answer>ON</answer>"),
-                                         row("OFF", last=pair + "<answer>OFF</answer>")]), answered)
+                                         row("OFF", last=pair + "<answer>OFF</answer>"),
+                                         row("OFF", last=anchored.format("defaults to OFF", "OFF")),
+                                         row("ON", last=anchored.format("The defer_foreign", "ON"))]), answered)
     questions = tmp_path / "questions.parquet"
     pq.write_table(pa.table({"question": [QUESTION], "golden_answers": [["OFF"]]}), questions)
     out = subprocess.run([sys.executable, str(SCRIPT), "--json", str(questions), str(answered)],
                          capture_output=True, text=True, check=True)
     got = json.loads(out.stdout)
-    assert (got["n"], got["answer_in_hand"], got["right_in_hand"]) == (6, 5, 2)
-    assert (got["right"], got["copied"], got["lost in reading"], got["not found"]) == (2, 1, 2, 1)
-    assert (got["quote holds it"], got["quoted another"], got["no quote"]) == (3, 0, 2)  # of the 5 in hand
+    assert (got["n"], got["answer_in_hand"], got["right_in_hand"]) == (8, 7, 3)
+    assert (got["right"], got["copied"], got["lost in reading"], got["not found"]) == (3, 1, 3, 1)
+    # of the 7 in hand; an anchor phrase in a REFLECTION is not a quoted sentence
+    assert (got["quote holds it"], got["quoted another"], got["no quote"]) == (5, 0, 2)
     assert (got["two_quotes"], got["two_quotes_right"]) == (2, 1)
+    assert (got["anchored"], got["anchor_holds_it"], got["anchored_right"]) == (2, 1, 1)
     assert "not an answered table" in out.stderr

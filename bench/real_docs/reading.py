@@ -12,7 +12,10 @@ of four classes:
 The counts tell which side of issue 20 a change moved: "answer in hand" is what search gave the agent, and
 right / answer-in-hand is how well it read. For the answer-in-hand trajectories the last turn's quote (the experts
 quote the sentence that states the answer before answering) is also counted: it holds a golden answer, it is
-another sentence (the agent picked the wrong one), or the turn quotes nothing. "Two quotes" counts the
+another sentence (the agent picked the wrong one), or the turn quotes nothing. "Anchored" counts the answer-in-hand
+trajectories whose last REFLECTION names a piece of that quote (session 36's expert writes the question's word beside
+the answer: `It says "defaults to OFF", so the answer is OFF`), then how many of those pieces hold a golden answer
+and how many of those trajectories were answered right. "Two quotes" counts the
 answer-in-hand trajectories whose last turn quotes two sentences (session 32's real expert sets a rival sentence
 against the answer's) and, in parentheses, how many of them were answered right.
 
@@ -34,9 +37,27 @@ QUOTES = ("quote holds it", "quoted another", "no quote")
 QUOTE_RE = re.compile(r'"([^"]{8,})"')  # a quoted sentence, not a quoted word
 
 
-def last_quotes(row: dict) -> list[str]:
+REFLECTION_RE = re.compile(r"<REFLECTION>(.*?)</REFLECTION>", re.DOTALL)
+ANCHOR_RE = re.compile(r'"([^"]{3,})"')
+
+
+def last_turn(row: dict) -> str:
     turns = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
-    return QUOTE_RE.findall(turns[-1].split("<answer>")[0]) if turns else []
+    return turns[-1].split("<answer>")[0] if turns else ""
+
+
+def last_quotes(row: dict) -> list[str]:
+    """The sentences the last turn quotes (outside its REFLECTION units, where an anchor phrase stands)."""
+    return QUOTE_RE.findall(REFLECTION_RE.sub("", last_turn(row)))
+
+
+def anchor(row: dict) -> str | None:
+    """The phrase the last turn's last REFLECTION quotes from its own quote (session 36's `It says "defaults to
+    OFF", so the answer is OFF`), or None."""
+    units = REFLECTION_RE.findall(last_turn(row))
+    found = ANCHOR_RE.findall(units[-1]) if units else []
+    said = " ".join(last_quotes(row))
+    return found[-1] if found and found[-1] in said else None
 
 
 def quoted(row: dict) -> str:
@@ -71,10 +92,13 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="one JSON object per table instead of a Markdown table")
     args = ap.parse_args()
     import pyarrow.parquet as pq
+
+    from atomcli.rewards import metrics
     if not args.json:
         print("| table | n | answer in hand | right (in hand) | copied | lost in reading | not found | in hand: quote "
-              "holds it / quoted another / no quote | in hand: two quotes (right) |")
-        print("|---|---|---|---|---|---|---|---|---|")
+              "holds it / quoted another / no quote | in hand: two quotes (right) | in hand: anchored / holds it / "
+              "right |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
     for path in args.tables:
         if "answer" not in pq.read_schema(path).names:  # e.g. eval/questions.parquet caught by a glob
             print(f"{path}: not an answered table (no `answer` column), skipped", file=sys.stderr)
@@ -83,7 +107,7 @@ def main() -> None:
                                             "tool_calls"]).to_pylist()
         counts = dict.fromkeys(CLASSES, 0)
         quotes = dict.fromkeys(QUOTES, 0)  # over the answer-in-hand trajectories
-        in_hand = right_in_hand = pairs = pairs_right = 0
+        in_hand = right_in_hand = pairs = pairs_right = anchored = anchor_holds = anchored_right = 0
         for row in rows:
             cls, seen = classify(row)
             counts[cls] += 1
@@ -91,17 +115,25 @@ def main() -> None:
             right_in_hand += seen and cls == "right"
             if seen:
                 quotes[quoted(row)] += 1
+                piece = anchor(row)
+                if piece is not None:
+                    anchored += 1
+                    anchor_holds += any(metrics.normalize(g) and metrics.normalize(g) in metrics.normalize(piece)
+                                        for g in row["golden_answers"])
+                    anchored_right += cls == "right"
                 if len(last_quotes(row)) >= 2:
                     pairs += 1
                     pairs_right += cls == "right"
         if args.json:
             print(json.dumps({"table": str(path), "n": len(rows), "answer_in_hand": in_hand,
                               "right_in_hand": right_in_hand, **counts, **quotes, "two_quotes": pairs,
-                              "two_quotes_right": pairs_right}))
+                              "two_quotes_right": pairs_right, "anchored": anchored, "anchor_holds_it": anchor_holds,
+                              "anchored_right": anchored_right}))
         else:
             print(f"| {path} | {len(rows)} | {in_hand} | {counts['right']} ({right_in_hand}) | {counts['copied']} | "
                   f"{counts['lost in reading']} | {counts['not found']} | "
-                  f"{' / '.join(str(quotes[q]) for q in QUOTES)} | {pairs} ({pairs_right}) |")
+                  f"{' / '.join(str(quotes[q]) for q in QUOTES)} | {pairs} ({pairs_right}) | "
+                  f"{anchored} / {anchor_holds} / {anchored_right} |")
 
 
 if __name__ == "__main__":
