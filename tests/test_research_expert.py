@@ -284,44 +284,13 @@ def test_a_quote_cut_at_its_value_ends_with_the_answer():
     assert research_expert.quote(text, "99", end_at_value=True) is None
 
 
-def test_an_anchor_is_the_question_word_beside_the_answer():
-    """Session 36: the question's word next to the answer, with the answer, as the sentence writes them."""
-    terms = research_expert.key_terms("What is the default setting of the defer_foreign_keys pragma?")
-    sent = "The defer_foreign_keys pragma defaults to OFF so that foreign key constraints are only deferred if"
-    assert research_expert.anchor(sent, "OFF", terms) == "defaults to OFF"              # "defaults" is "default"
-    terms = research_expert.key_terms("As of which version does SQLite recognize TRUE and FALSE?")
-    assert research_expert.anchor("Beginning with SQLite version 3.23.0 (2018-04-02), SQLite also recognizes",
-                                  "3.23.0", terms) == "version 3.23.0"                 # the nearest word before
-    # no word before it: the nearest one after, without its punctuation
-    terms = research_expert.key_terms("Which collating sequence does replace(X,Y,Z) use?")
-    assert research_expert.anchor("The BINARY collating sequence is used.", "BINARY", terms) == "BINARY collating"
-    assert research_expert.anchor("Then (BINARY, collating) wins.", "BINARY", terms) == "BINARY, collating"
-    # a leading quote mark is not copied; a question word further than ANCHOR_WORDS away does not count
-    terms = ["remove"]
-    assert research_expert.anchor('It tries "remove diacritics" first', "diacritics", terms) == "remove diacritics"
-    assert research_expert.anchor("remove one two three diacritics", "diacritics", terms) is None
-    assert research_expert.anchor("nothing here", "diacritics", terms) is None
-
-
-def test_real_rows_quote_the_answer_and_name_it_beside_a_question_word(rows):
-    """Each real row's last quote holds its answer. Most either end at the answer (session 33) or are followed
-    by an anchor (session 36): a piece of the quote that holds the answer and a word of the question."""
+def test_real_rows_quote_up_to_the_answer(rows):
     real = [r for r in rows if r["data_source"].startswith("sqlite_")]
-    ends = anchored = 0
+    ends = 0
     for r in real:
-        units = agent_format.atomic_thoughts(r["messages"][-1]["content"])
-        unit = dict(units)["OBSERVATION"]
-        said = unit[unit.index('"') + 1:unit.rindex('"')]  # a sentence may hold quotes itself
-        gold = research_expert.value_pattern(r["answer"])
-        assert gold.search(said), (unit, r["answer"])
+        unit = dict(agent_format.atomic_thoughts(r["messages"][-1]["content"]))["OBSERVATION"]
+        said = unit[:unit.rindex('"')]  # up to the closing mark of the last quote (a sentence may hold quotes itself)
+        assert research_expert.value_pattern(r["answer"]).search(said), (unit, r["answer"])
         ends += said.endswith(r["answer"])
-        why = units[-1][1]
-        phrase = re.search(r'"([^"]+)"', why) if units[-1][0] == "REFLECTION" and why.count('"') == 2 else None
-        if phrase and phrase[1] in said and gold.search(phrase[1]):
-            anchored += 1
-            words = gold.sub(" ", phrase[1]).split()  # what stands beside the answer ("defaults to")
-            assert any(research_expert.same_word(w, t) for w in words
-                       for t in research_expert.key_terms(r["question"])), (phrase[1], r["question"])
-            assert why.rstrip(".").endswith(r["answer"])
-    assert anchored >= 0.3 * len(real), (anchored, len(real))
-    assert ends + anchored >= 0.8 * len(real), (ends, anchored, len(real))
+    # the rest are answers in their sentence's first words (the unit test above), where the sentence is kept whole
+    assert ends >= 0.6 * len(real), (ends, len(real))

@@ -17,10 +17,8 @@ knowledge) and only uses it to judge what the tools returned, never as text in a
   identifier that passage names (read from its snippet, or from the page when the snippet
   shows none) and searches for it;
 - when the answer's passage is found but its snippet lacks the answer, it browses it;
-- it quotes the sentence that states the answer and, when a word of the question stands within
-  three words of the answer, writes that word with the answer as the sentence has them ("defaults
-  to OFF") and answers with the span as written there; a sentence with no such word is quoted up
-  to the answer (the quote's last words are the answer);
+- it quotes the sentence that states the answer, cut just after the answer, and answers with
+  the span as written there (the quote's last words);
   when the results also hold a tempting sentence with another value of the answer's kind, it
   quotes that one first and names the question's words that only the answer's sentence has
   (`rival`: the reading the policy gets wrong on real pages).
@@ -154,17 +152,10 @@ class RealExpert:
             units = [("OBSERVATION", rx.say(rng, "rival", rival=other, quote=said)),
                      ("REFLECTION", rx.say(rng, "pick", cue=cue, answer=span))]
         else:
-            # the whole sentence, as the policy quotes it, then the question's word beside the answer (session 36);
-            # a sentence with no such word keeps the quote that ends at the answer (session 33)
-            whole = rx.quote(text, gold, terms)
-            phrase = rx.anchor(whole, gold, terms)
-            if phrase and len(whole) + len(phrase) > PAIR_CHARS:  # both must fit one turn's 192 tokens
-                phrase = None
-            units = [("OBSERVATION", rx.say(rng, "found", quote=whole if phrase else said))]
+            units = [("OBSERVATION", rx.say(rng, "found", quote=said))]
             if rng.random() < 0.4 and len(own["title"]) <= 80:  # a long title would overrun the turn's token budget
                 units.append(("VERIFICATION", rx.say(rng, "verify", target=own["title"])))
-            units.append(("REFLECTION", rx.say(rng, "anchor", phrase=phrase, answer=span) if phrase
-                          else rx.say(rng, "done", answer=span)))
+            units.append(("REFLECTION", rx.say(rng, "done", answer=span)))
         return rec.finish(units, span)
 
     def _bridge(self, rec, rng, bridge: dict, answer_id: str, question: str) -> tuple[str | None, list]:

@@ -128,12 +128,6 @@ PHRASES = {
         "The result title is {target}, so the fact belongs to it.",
         "Checked: the sentence is on the {target} page.",
     ),
-    "anchor": (
-        "It says \"{phrase}\", so the answer is {answer}.",
-        "The part that answers it: \"{phrase}\"; answer {answer}.",
-        "Where it says \"{phrase}\", the value is {answer}.",
-        "The question's words point to \"{phrase}\": {answer}.",
-    ),
     "done": (
         "That answers the question: {answer}.",
         "The evidence is in hand; the answer is {answer}.",
@@ -206,41 +200,6 @@ def quote(text: str, value: str, terms: list[str] = (), max_words: int = 24, *, 
         lo = max(0, min(at - max_words // 2, len(words) - max_words))
         best = " ".join(words[lo:lo + max_words])
     return best.rstrip(".")
-
-
-ANCHOR_WORDS = 3  # how far from the value a question word may stand and still point at it
-_EDGE = re.compile(r"^\W+|\W+$")
-
-
-def same_word(a: str, b: str) -> bool:
-    """`a` and `b` are one word up to inflection: "defaults"/"default", "values"/"value", "large"/"largest"."""
-    from atomcli.env.search_local import stem
-    x, y = stem(_EDGE.sub("", a)), stem(_EDGE.sub("", b))
-    return bool(x) and (x == y or (min(len(x), len(y)) >= 4 and (x.startswith(y) or y.startswith(x))))
-
-
-def anchor(sentence: str, value: str, terms: list[str]) -> str | None:
-    """The words of `sentence` from the question's word nearest before `value` through the value
-    ("defaults to OFF", "version 3.23.0"); else from the value through the nearest question word after it
-    ("BINARY collating"); None when no key term stands within ANCHOR_WORDS words of it.
-
-    Why (session 36): the policy quotes the whole sentence that holds the answer and then answers with a
-    wrong span of it (17 of 41 such test answers). Writing the question's word again and copying what follows
-    it in the quote is the copy a small model does well (an induction head); picking a span out of a
-    sentence is not. The phrase is copied as the sentence writes it."""
-    hit = value_pattern(value).search(sentence)
-    if hit is None:
-        return None
-    before = [m for m in re.finditer(r"\S+", sentence[:hit.start()])][-ANCHOR_WORDS:]
-    after = [m for m in re.finditer(r"\S+", sentence[hit.end():])][:ANCHOR_WORDS]
-    for m in reversed(before):
-        if any(same_word(m.group(0), t) for t in terms):
-            return sentence[m.start() + len(m.group(0)) - len(m.group(0).lstrip("\"'(`")):hit.end()]
-    for m in after:
-        if any(same_word(m.group(0), t) for t in terms):
-            end = hit.end() + m.start() + len(m.group(0).rstrip(".,;:)\"'`"))
-            return sentence[hit.start():end]
-    return None
 
 
 def copy_span(text: str, value: str) -> str | None:

@@ -384,7 +384,7 @@ def snippet_options(order: str) -> dict:
     return {} if order == PAGE_ORDER else {SNIPPETS: order}
 
 
-def stem(word: str) -> str:
+def _stem(word: str) -> str:
     """A crude case-folded stem, enough to match "defaults" with "default" (FTS5's Porter stemmer is not exposed)."""
     w = word.lower()
     for suffix in ("ing", "ed", "es", "s"):
@@ -408,8 +408,8 @@ def order_snippet(snippet: str, words: list[str]) -> str:
     if len(parts) < 2:
         return snippet
     parts[0], parts[-1] = head + parts[0], parts[-1] + tail
-    wanted = {stem(w) for w in words}
-    hits = [len(wanted & {stem(w) for w in _WORD.findall(p)}) for p in parts]
+    wanted = {_stem(w) for w in words}
+    hits = [len(wanted & {_stem(w) for w in _WORD.findall(p)}) for p in parts]
     order = sorted(range(len(parts)), key=lambda i: (-hits[i], i))
     return " ".join(parts[i] for i in order)
 
