@@ -60,14 +60,19 @@ def anchor(row: dict) -> str | None:
     return found[-1] if found and found[-1] in said else None
 
 
+def holds_gold(row: dict, text: str) -> bool:
+    """`text` holds one of the row's golden answers (both normalized as the F1 scorer does)."""
+    from atomcli.rewards import metrics
+    golds = [metrics.normalize(g) for g in row["golden_answers"] if metrics.normalize(g)]
+    return any(g in metrics.normalize(text) for g in golds)
+
+
 def quoted(row: dict) -> str:
     """Where the last turn's quote stands: it holds a golden answer, it is another sentence, or there is none."""
-    from atomcli.rewards import metrics
     said = last_quotes(row)
     if not said:
         return "no quote"
-    golds = [metrics.normalize(g) for g in row["golden_answers"] if metrics.normalize(g)]
-    return "quote holds it" if any(g in metrics.normalize(" ".join(said)) for g in golds) else "quoted another"
+    return "quote holds it" if holds_gold(row, " ".join(said)) else "quoted another"
 
 
 def classify(row: dict) -> tuple[str, bool]:
@@ -92,8 +97,6 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="one JSON object per table instead of a Markdown table")
     args = ap.parse_args()
     import pyarrow.parquet as pq
-
-    from atomcli.rewards import metrics
     if not args.json:
         print("| table | n | answer in hand | right (in hand) | copied | lost in reading | not found | in hand: quote "
               "holds it / quoted another / no quote | in hand: two quotes (right) | in hand: anchored / holds it / "
@@ -118,8 +121,7 @@ def main() -> None:
                 piece = anchor(row)
                 if piece is not None:
                     anchored += 1
-                    anchor_holds += any(metrics.normalize(g) and metrics.normalize(g) in metrics.normalize(piece)
-                                        for g in row["golden_answers"])
+                    anchor_holds += holds_gold(row, piece)
                     anchored_right += cls == "right"
                 if len(last_quotes(row)) >= 2:
                     pairs += 1
