@@ -84,3 +84,16 @@ def test_cli_counts_and_skips_unanswered_tables(tmp_path):
     assert (got["two_quotes"], got["two_quotes_right"]) == (2, 1)
     assert (got["anchored"], got["anchor_holds_it"], got["anchored_right"]) == (2, 1, 1)
     assert "not an answered table" in out.stderr
+
+
+def test_a_pair_names_the_first_or_the_second_quote():
+    mod = load()
+    pair = ('<think><OBSERVATION>The results say "Foreign key constraints are immediate by default" but also '
+            '"The defer_foreign_keys pragma defaults to OFF".</OBSERVATION><REFLECTION>The question says pragma; '
+            'that is the {} sentence, so OFF.</REFLECTION></think><answer>OFF</answer>')
+    assert mod.named(row("OFF", last=pair.format("second"))) == "second"
+    assert mod.named(row("OFF", last=pair.format("first"))) == "first"
+    assert mod.named(row("OFF", last=pair.format("first or second"))) is None  # names both: no pick
+    assert mod.named(row("OFF", last=pair.format("right"))) is None
+    said = mod.last_quotes(row("OFF", last=pair.format("second")))
+    assert [mod.holds_gold(row("OFF"), s) for s in said] == [False, True]

@@ -113,15 +113,16 @@ PHRASES = {
         "Evidence: \"{quote}\".",
         "It reads: \"{quote}\".",
     ),
+    # the answer's sentence comes first or second at random: always second, it taught "take the second" (session 37)
     "rival": (
-        "One result says \"{rival}\", another \"{quote}\".",
-        "Two values: \"{rival}\" and \"{quote}\".",
-        "The results say \"{rival}\" but also \"{quote}\".",
+        "One result says \"{first}\", another \"{second}\".",
+        "Two values: \"{first}\" and \"{second}\".",
+        "The results say \"{first}\" but also \"{second}\".",
     ),
     "pick": (
-        "The question asks about {cue}, which only the second states: {answer}.",
-        "Only the second is about {cue}, as the question is: {answer}.",
-        "The question says {cue}; that is the second sentence, so {answer}.",
+        "The question asks about {cue}, which only the {which} states: {answer}.",
+        "Only the {which} is about {cue}, as the question is: {answer}.",
+        "The question says {cue}; that is the {which} sentence, so {answer}.",
     ),
     "verify": (
         "This comes from the page on {target} itself, so it is about the right entity.",

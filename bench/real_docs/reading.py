@@ -17,7 +17,10 @@ trajectories whose last REFLECTION names a piece of that quote (session 36's exp
 the answer: `It says "defaults to OFF", so the answer is OFF`), then how many of those pieces hold a golden answer
 and how many of those trajectories were answered right. "Two quotes" counts the
 answer-in-hand trajectories whose last turn quotes two sentences (session 32's real expert sets a rival sentence
-against the answer's) and, in parentheses, how many of them were answered right.
+against the answer's) and, in parentheses, how many of them were answered right. For those pairs it also counts
+where a golden answer stands (the first quote, the second) and which one the last REFLECTION names ("the first",
+"the second"; session 37: the expert always put the answer's sentence second, and its policy always named the
+second), and how many named quotes hold a golden answer.
 
     python bench/real_docs/reading.py runs/s26/sr/eval/transfer/sft.parquet runs/s26/srrl/eval/transfer/*.parquet
 """
@@ -60,6 +63,14 @@ def anchor(row: dict) -> str | None:
     return found[-1] if found and found[-1] in said else None
 
 
+def named(row: dict) -> str | None:
+    """"first" or "second": the quote of a pair that the last REFLECTION picks ("which only the second states"),
+    or None when it names neither or both."""
+    units = REFLECTION_RE.findall(last_turn(row))
+    words = set(re.findall(r"\b(first|second)\b", units[-1])) if units else set()
+    return words.pop() if len(words) == 1 else None
+
+
 def holds_gold(row: dict, text: str) -> bool:
     """`text` holds one of the row's golden answers (both normalized as the F1 scorer does)."""
     from atomcli.rewards import metrics
@@ -100,8 +111,8 @@ def main() -> None:
     if not args.json:
         print("| table | n | answer in hand | right (in hand) | copied | lost in reading | not found | in hand: quote "
               "holds it / quoted another / no quote | in hand: two quotes (right) | in hand: anchored / holds it / "
-              "right |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "right | two quotes: answer in 1st / 2nd; names 1st / 2nd; named holds it |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
     for path in args.tables:
         if "answer" not in pq.read_schema(path).names:  # e.g. eval/questions.parquet caught by a glob
             print(f"{path}: not an answered table (no `answer` column), skipped", file=sys.stderr)
@@ -111,6 +122,7 @@ def main() -> None:
         counts = dict.fromkeys(CLASSES, 0)
         quotes = dict.fromkeys(QUOTES, 0)  # over the answer-in-hand trajectories
         in_hand = right_in_hand = pairs = pairs_right = anchored = anchor_holds = anchored_right = 0
+        pair = dict.fromkeys(("gold_first", "gold_second", "names_first", "names_second", "named_holds_it"), 0)
         for row in rows:
             cls, seen = classify(row)
             counts[cls] += 1
@@ -126,16 +138,23 @@ def main() -> None:
                 if len(last_quotes(row)) >= 2:
                     pairs += 1
                     pairs_right += cls == "right"
+                    said, which = last_quotes(row), named(row)
+                    pair["gold_first"] += holds_gold(row, said[0])
+                    pair["gold_second"] += holds_gold(row, said[1])
+                    if which is not None:
+                        pair["names_" + which] += 1
+                        pair["named_holds_it"] += holds_gold(row, said[0 if which == "first" else 1])
         if args.json:
             print(json.dumps({"table": str(path), "n": len(rows), "answer_in_hand": in_hand,
                               "right_in_hand": right_in_hand, **counts, **quotes, "two_quotes": pairs,
                               "two_quotes_right": pairs_right, "anchored": anchored, "anchor_holds_it": anchor_holds,
-                              "anchored_right": anchored_right}))
+                              "anchored_right": anchored_right, **pair}))
         else:
             print(f"| {path} | {len(rows)} | {in_hand} | {counts['right']} ({right_in_hand}) | {counts['copied']} | "
                   f"{counts['lost in reading']} | {counts['not found']} | "
                   f"{' / '.join(str(quotes[q]) for q in QUOTES)} | {pairs} ({pairs_right}) | "
-                  f"{anchored} / {anchor_holds} / {anchored_right} |")
+                  f"{anchored} / {anchor_holds} / {anchored_right} | {pair['gold_first']} / {pair['gold_second']}; "
+                  f"{pair['names_first']} / {pair['names_second']}; {pair['named_holds_it']} |")
 
 
 if __name__ == "__main__":

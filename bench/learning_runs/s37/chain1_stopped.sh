@@ -1,0 +1,18 @@
+#!/bin/bash
+# session 37: oneq's SFT command on oneq's rows plus a second copy (expert wording seed 1) of every real row that
+# searches twice or browses (bench/real_docs/multistep.py), then the transfer eval and the demo test eval.
+set -x
+cd /work/main
+export HF_HUB_OFFLINE=1
+A=.venv/bin/atom
+R=runs/s37
+P=runs/s35
+Q=bench/learning_runs/s37/q_eval.toml
+date
+$A sft $R/wm/sft.parquet --model smollm2 --out $R/onem --lr 2e-4 --warmup-ratio 0.1 --batch-size 2 --grad-accum 2 --epochs 1 --precision bf16 --no-gradient-checkpointing --sampling length
+date
+$A eval runs/s34/real/test.jsonl --model $R/onem --search local:runs/s34/real/index.sqlite --config $Q --compare $P/oneq/transfer.json -o $R/onem/transfer.json --answers $R/onem/transfer.parquet
+date
+$A eval $P/wq/test.jsonl --model $R/onem --search local:$P/wq/index.sqlite --config $Q --compare $P/oneq/demo-test.json -o $R/onem/demo-test.json --answers $R/onem/demo-test.parquet
+date
+echo CHAIN1 DONE
