@@ -75,6 +75,11 @@ def _root(
 ):
     if debug:
         STATE["debug"] = True
+    from atomcli import heap
+    try:
+        heap.retain()  # before torch allocates: freed tensors keep their pages (heap.py says why)
+    except InputError as e:
+        _fail(2, e.one_line())
 
 
 # --- error boundary ------------------------------------------------------------------------

@@ -5,6 +5,11 @@
 set -x
 cd /work/main
 export HF_HUB_OFFLINE=1
+# 2 MB pages for large CPU tensors: without it this run spent more time in page faults than in compute (session 37)
+export THP_MEM_ALLOC_ENABLE=1
+# and keep freed memory in the process: 90% of the time went to the kernel zeroing pages handed back and
+# taken again (perf: clear_page_erms); glibc then never returns heap memory to the system
+export MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736
 A=.venv/bin/atom
 R=runs/s37
 P=runs/s35

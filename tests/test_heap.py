@@ -1,0 +1,69 @@
+"""atomcli/heap.py: under `retain` a large freed block stays in the process's heap; under `release` glibc maps and
+unmaps it (its default). Each case runs in a fresh interpreter: mallopt settings last for the process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import atom
+
+from atomcli import heap
+
+pytestmark = pytest.mark.skipif(heap._glibc() is None, reason="the heap policy is glibc's mallopt")
+
+# malloc and free 256 MiB (written, so its pages are real), then report glibc's own counts (mallinfo2, glibc 2.33+):
+# `hblkhd` is memory held in mmap'd blocks (counted from before the malloc: startup maps a few), `arena` the heap's size, `fordblks` its free bytes.
+PROBE = r"""
+import ctypes, json
+from atomcli import heap
+set_ = heap.retain()
+libc = heap._glibc()
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+size = 256 << 20
+before = libc.mallinfo2()
+p = libc.malloc(size)
+ctypes.memset(p, 1, size)
+held = libc.mallinfo2()
+libc.free(p)
+freed = libc.mallinfo2()
+print(json.dumps({"set": set_, "held_mmap": held.hblkhd - before.hblkhd, "freed_arena": freed.arena, "freed_free": freed.fordblks}))
+"""
+MIB = 1 << 20
+
+
+def probe(policy: str) -> dict:
+    env = dict(os.environ, **{heap.ENV: policy})
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_retain_keeps_a_freed_block_in_the_heap():
+    got = probe(heap.RETAIN)
+    assert got["set"] is True
+    assert got["held_mmap"] == 0                    # served from the heap, not a fresh mapping
+    assert got["freed_arena"] >= 256 * MIB          # and after free the heap still holds it, free for the next step
+    assert got["freed_free"] >= 256 * MIB
+
+
+def test_release_is_glibcs_default_a_mapping_returned_on_free():
+    got = probe(heap.RELEASE)
+    assert got["set"] is False
+    assert got["held_mmap"] >= 256 * MIB            # a block this large is its own mapping
+    assert got["freed_arena"] < 64 * MIB            # unmapped on free: the next step's pages are new (and zeroed)
+
+
+def test_a_policy_that_does_not_exist_is_a_one_line_error(tmp_path):
+    proc = atom("show", tmp_path / "none.parquet", env={heap.ENV: "keep-it-all"})
+    err = proc.stderr.decode()
+    assert proc.returncode == 2
+    assert err.strip().count("\n") == 0
+    assert "ATOM_HEAP='keep-it-all' is not a heap policy" in err and "retain, release" in err
