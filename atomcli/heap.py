@@ -5,7 +5,8 @@ every step. glibc serves each allocation over 32 MB with a fresh `mmap` and unma
 kernel hands out new pages and zeroes them again. On the 2-core VM of session 37, `perf` put 90% of an SFT's time in
 the kernel's page zeroing (`clear_page_erms`), and a step took about 60 s instead of about 20 s. With `retain()` glibc
 serves every allocation from its heap (no `mmap`) and never trims it, so a freed tensor's pages are reused as they
-are; the resident size stays at the run's peak instead of falling between steps (`bench/heap.py` measures both
+are (in the main thread's arena, where CPU autograd allocates; thread arenas still map and unmap); the resident size never
+shrinks and can grow with fragmentation (an SFT's went from 13 to 20.7 GB) (`bench/heap.py` measures both
 ways side by side).
 
 `atom` calls `retain()` when it starts, before torch allocates anything. `ATOM_HEAP=release` keeps glibc's defaults
@@ -55,5 +56,5 @@ def retain() -> bool:
     libc = _glibc()
     if libc is None:
         return False
-    # mallopt returns 1 on success; both or neither, so a half-set policy never runs
+    # mallopt returns 1 on success: True when glibc accepted both
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
