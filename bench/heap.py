@@ -74,7 +74,10 @@ def main() -> None:
             env = dict(os.environ, HF_HUB_OFFLINE="1", **{heap.ENV: policy})
             cmd = [sys.executable, __file__, "--worker", "--steps", str(args.steps), "--batch", str(args.batch),
                    "--seq", str(args.seq)]
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=ROOT)
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+            if out.returncode != 0:  # show why the worker died (a traceback, an OOM kill) instead of a bare exit code
+                tail = "\n".join(out.stderr.strip().splitlines()[-20:])
+                sys.exit(f"round {r + 1} {policy}: the worker exited with {out.returncode}\n{tail}")
             runs[policy].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"round {r + 1} {policy}: {statistics.median(runs[policy][-1]['step_s']):.1f} s a step",
                   file=sys.stderr)

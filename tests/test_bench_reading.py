@@ -95,5 +95,9 @@ def test_a_pair_names_the_first_or_the_second_quote():
     assert mod.named(row("OFF", last=pair.format("first"))) == "first"
     assert mod.named(row("OFF", last=pair.format("first or second"))) is None  # names both: no pick
     assert mod.named(row("OFF", last=pair.format("right"))) is None
+    # the question's own "first" (the {cue} of the template) is not the pick
+    cue = pair.replace("The question says pragma", "The question says first statement")
+    assert mod.named(row("OFF", last=cue.format("second"))) == "second"
+    assert mod.named(row("OFF", last=cue.format("either"))) is None
     said = mod.last_quotes(row("OFF", last=pair.format("second")))
     assert [mod.holds_gold(row("OFF"), s) for s in said] == [False, True]

@@ -63,12 +63,31 @@ def anchor(row: dict) -> str | None:
     return found[-1] if found and found[-1] in said else None
 
 
+def _pick_pattern(template: str) -> re.Pattern:
+    """One of the expert's "pick" phrases as a regex: {which} is the group, every other field any text."""
+    parts = re.split(r"(\{\w+\})", template)
+    body = "".join("(?P<which>first|second)" if p == "{which}" else ".*?" if re.fullmatch(r"\{\w+\}", p)
+                   else re.escape(p) for p in parts)
+    return re.compile(body, re.DOTALL)
+
+
+def _pick_patterns() -> list[re.Pattern]:
+    from atomcli.demo.research_expert import PHRASES
+    return [_pick_pattern(t) for t in PHRASES["pick"]]
+
+
 def named(row: dict) -> str | None:
-    """"first" or "second": the quote of a pair that the last REFLECTION picks ("which only the second states"),
-    or None when it names neither or both."""
+    """"first" or "second": the quote of a pair that the last REFLECTION picks in one of the expert's "pick"
+    phrases ("which only the second states"), or None when it uses none of them. Matched on the template, so a
+    question's own "first" or "second" (the {cue} field) is not taken for the pick."""
     units = REFLECTION_RE.findall(last_turn(row))
-    words = set(re.findall(r"\b(first|second)\b", units[-1])) if units else set()
-    return words.pop() if len(words) == 1 else None
+    if not units:
+        return None
+    for pattern in _pick_patterns():
+        found = pattern.search(units[-1])
+        if found:
+            return found.group("which")
+    return None
 
 
 def holds_gold(row: dict, text: str) -> bool:
