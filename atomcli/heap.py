@@ -1,13 +1,20 @@
-"""The process's heap policy: keep freed memory in the process instead of handing it back to the system.
+"""The process's heap policy: keep freed memory in the process instead of handing it back to the system, until the
+machine runs short of memory.
 
 Why: a CPU training step allocates and frees the same large tensors (logits of 49,152 columns per token, activations)
 every step. glibc serves each allocation over 32 MB with a fresh `mmap` and unmaps it when freed, so every step the
 kernel hands out new pages and zeroes them again. On the 2-core VM of session 37, `perf` put 90% of an SFT's time in
 the kernel's page zeroing (`clear_page_erms`), and a step took about 60 s instead of about 20 s. With `retain()` glibc
 serves every allocation from its heap (no `mmap`) and never trims it, so a freed tensor's pages are reused as they
-are (in the main thread's arena, where CPU autograd allocates; thread arenas still map and unmap); the resident size never
-shrinks and can grow with fragmentation (an SFT's went from 13 to 20.7 GB) (`bench/heap.py` measures both
-ways side by side).
+are (in the main thread's arena, where CPU autograd allocates; thread arenas still map and unmap). `bench/heap.py`
+measures both ways side by side.
+
+The cost is fragmentation: batches of other lengths free holes a larger tensor does not fit, and a heap that is never
+trimmed keeps every one of them resident. The learn preset's SFT (batches of 4 x up to 2,048 tokens) grew to 24.4 GB
+and was killed by the kernel on the 24 GB machine (session 38). So `retain()` also starts a guard thread: twice a
+second it reads the machine's available memory, and when that falls below ATOM_HEAP_RESERVE (a share of the total,
+default 0.2) it calls `malloc_trim(0)`, which hands the free pages inside the heap back to the system. Pages are
+re-zeroed only while memory is short; when it is not, nothing changes.
 
 `atom` calls `retain()` when it starts, before torch allocates anything. `ATOM_HEAP=release` keeps glibc's defaults
 (a process that must hand memory back while it waits); other C libraries (musl, macOS) are left as they are.
@@ -18,6 +25,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import threading
+import time
 
 ENV = "ATOM_HEAP"
 RETAIN, RELEASE = "retain", "release"
@@ -27,6 +36,9 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 # mallopt takes an int and glibc stores the trim threshold as a size_t: -1 becomes SIZE_MAX, "never trim"
 # (the largest positive int would still hand back all free top-of-heap over 2 GiB, every step)
 NEVER_TRIM = -1
+RESERVE_ENV = "ATOM_HEAP_RESERVE"
+DEFAULT_RESERVE = 0.2   # share of the machine's memory the guard keeps available
+GUARD_INTERVAL_S = 0.5  # a training step allocates a few GB in about a second: poll faster than that
 
 
 def _glibc():
@@ -49,12 +61,71 @@ def policy() -> str:
     return value
 
 
+def reserve() -> float:
+    """The share of the machine's memory the guard keeps available (ATOM_HEAP_RESERVE, 0 <= share < 1)."""
+    from atomcli.errors import InputError
+    raw = os.environ.get(RESERVE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RESERVE
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise InputError(f"{RESERVE_ENV}={raw!r} is not a share of memory",
+                         hint=f"a number from 0 (never hand memory back) to below 1, e.g. {DEFAULT_RESERVE}")
+    return value
+
+
+def available_share() -> float | None:
+    """MemAvailable / MemTotal from /proc/meminfo, or None where there is none (not Linux)."""
+    fields = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    fields[key] = int(rest.split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if not fields.get("MemTotal") or "MemAvailable" not in fields:
+        return None
+    return fields["MemAvailable"] / fields["MemTotal"]
+
+
+class Guard(threading.Thread):
+    """Hands the heap's free pages back (`malloc_trim(0)`) whenever available memory is below `share` of the total."""
+
+    def __init__(self, libc, share: float, interval: float = GUARD_INTERVAL_S):
+        super().__init__(name="atom-heap-guard", daemon=True)
+        self.libc, self.share, self.interval = libc, share, interval
+        self.trims = 0
+
+    def run(self) -> None:
+        while True:
+            now = available_share()
+            if now is not None and now < self.share:
+                self.libc.malloc_trim(0)  # ctypes drops the GIL for the call; glibc locks each arena itself
+                self.trims += 1
+            time.sleep(self.interval)
+
+
+guard: Guard | None = None  # the running guard, once retain() has started it
+
+
 def retain() -> bool:
-    """Serve all allocations from glibc's heap and never trim it (module docstring); True if that was set."""
+    """Serve all allocations from glibc's heap, never trim it on free, and start the guard that trims it while
+    memory is short (module docstring); True if that was set."""
+    global guard
     if policy() != RETAIN:
         return False
+    share = reserve()
     libc = _glibc()
     if libc is None:
         return False
     # mallopt returns 1 on success: True when glibc accepted both
-    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    ok = bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    if ok and share > 0 and guard is None and available_share() is not None:
+        guard = Guard(libc, share)
+        guard.start()
+    return ok

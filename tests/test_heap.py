@@ -76,3 +76,49 @@ def test_a_policy_that_does_not_exist_is_a_one_line_error(tmp_path):
     assert proc.returncode == 2
     assert err.strip().count("\n") == 0
     assert "ATOM_HEAP='keep-it-all' is not a heap policy" in err and "retain, release" in err
+
+
+# malloc, write and free 256 MiB under `retain`, then wait for the guard's ticks: resident memory (statm) before the
+# free and a second after it, and how many times the guard trimmed
+GUARD_PROBE = r"""
+import ctypes, json, os, time
+from atomcli import heap
+heap.retain()
+libc = heap._glibc()
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+page = os.sysconf("SC_PAGE_SIZE")
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * page
+size = 256 << 20
+p = libc.malloc(size)
+ctypes.memset(p, 1, size)
+held = rss()
+libc.free(p)
+time.sleep(1.5)
+print(json.dumps({"held": held, "after": rss(), "trims": heap.guard.trims if heap.guard else None}))
+"""
+
+
+def guard_probe(share: str) -> dict:
+    env = dict(os.environ, **{heap.ENV: heap.RETAIN, heap.RESERVE_ENV: share})
+    out = subprocess.run([sys.executable, "-c", GUARD_PROBE], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+@needs_glibc
+@pytest.mark.skipif(heap.available_share() is None, reason="the guard reads /proc/meminfo")
+def test_the_guard_hands_free_pages_back_only_while_memory_is_short():
+    short = guard_probe("0.999")    # available memory is always below 99.9% of the total: memory counts as short
+    assert short["trims"] >= 1
+    assert short["held"] - short["after"] >= 200 * MIB     # the freed block's pages left the process
+    plenty = guard_probe("0")       # 0: no guard, the retained heap keeps its pages
+    assert plenty["trims"] is None
+    assert plenty["held"] - plenty["after"] < 64 * MIB
+
+
+def test_a_reserve_that_is_not_a_share_is_a_one_line_error(tmp_path):
+    proc = atom("show", tmp_path / "none.parquet", env={heap.RESERVE_ENV: "20%"})
+    err = proc.stderr.decode()
+    assert proc.returncode == 2
+    assert err.strip().count("\n") == 0
+    assert "ATOM_HEAP_RESERVE='20%' is not a share of memory" in err
