@@ -14,7 +14,10 @@ trimmed keeps every one of them resident. The learn preset's SFT (batches of 4 x
 and was killed by the kernel on the 24 GB machine (session 38). So `retain()` also starts a guard thread: twice a
 second it reads the machine's available memory, and when that falls below ATOM_HEAP_RESERVE (a share of the total,
 default 0.2) it calls `malloc_trim(0)`, which hands the free pages inside the heap back to the system. Pages are
-re-zeroed only while memory is short; when it is not, nothing changes.
+re-zeroed only while memory is short; when it is not, nothing changes. A guard that trims every step costs what
+the kept heap saves (session 39: the learn preset's SFT at 45 s a step, 40% of its CPU time in the kernel), so
+`atom sft` pads batches to a multiple of 256 tokens (`--pad-multiple`): a few tensor sizes, whose freed blocks the
+next batch reuses as they are, in place of a new size for every batch length.
 
 `atom` calls `retain()` when it starts, before torch allocates anything. `ATOM_HEAP=release` keeps glibc's defaults
 (a process that must hand memory back while it waits); other C libraries (musl, macOS) are left as they are.
@@ -39,6 +42,7 @@ NEVER_TRIM = -1
 RESERVE_ENV = "ATOM_HEAP_RESERVE"
 DEFAULT_RESERVE = 0.2   # share of the machine's memory the guard keeps available
 GUARD_INTERVAL_S = 0.5  # a training step allocates a few GB in about a second: poll faster than that
+MAX_WAIT_S = 16.0       # the longest back-off after trims that left memory short (Guard)
 
 
 def _glibc():
@@ -94,20 +98,34 @@ def available_share() -> float | None:
 
 
 class Guard(threading.Thread):
-    """Hands the heap's free pages back (`malloc_trim(0)`) whenever available memory is below `share` of the total."""
+    """Hands the heap's free pages back (`malloc_trim(0)`) whenever available memory is below `share` of the total.
+
+    A trim after which memory is still short handed back little: the memory is in use, not free in the heap, and
+    trimming again at once would only cost page faults. So the wait before the next look doubles after each such
+    trim (up to MAX_WAIT_S) and drops back to `interval` once memory is not short."""
 
     def __init__(self, libc, share: float, interval: float = GUARD_INTERVAL_S):
         super().__init__(name="atom-heap-guard", daemon=True)
         self.libc, self.share, self.interval = libc, share, interval
         self.trims = 0
+        self.stopped = threading.Event()
+
+    def tick(self, wait: float) -> float:
+        """Trim if memory is short; returns how long to wait before the next look."""
+        now = available_share()
+        if now is None or now >= self.share:
+            return self.interval
+        self.libc.malloc_trim(0)  # ctypes drops the GIL for the call; glibc locks each arena itself
+        self.trims += 1
+        after = available_share()
+        return min(2 * wait, MAX_WAIT_S) if after is not None and after < self.share else self.interval
 
     def run(self) -> None:
+        wait = self.interval
         while True:
-            now = available_share()
-            if now is not None and now < self.share:
-                self.libc.malloc_trim(0)  # ctypes drops the GIL for the call; glibc locks each arena itself
-                self.trims += 1
-            time.sleep(self.interval)
+            wait = self.tick(wait)
+            if self.stopped.wait(wait):
+                return
 
 
 guard: Guard | None = None  # the running guard, once retain() has started it

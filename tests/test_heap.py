@@ -122,3 +122,32 @@ def test_a_reserve_that_is_not_a_share_is_a_one_line_error(tmp_path):
     assert proc.returncode == 2
     assert err.strip().count("\n") == 0
     assert "ATOM_HEAP_RESERVE='20%' is not a share of memory" in err
+
+
+class CountingLibc:
+    """Stands in for glibc: counts the trims."""
+    def __init__(self):
+        self.trims = 0
+
+    def malloc_trim(self, pad):
+        self.trims += 1
+        return 1
+
+
+def test_the_guard_backs_off_while_trims_leave_memory_short(monkeypatch):
+    """A trim that leaves memory short doubles the wait (up to MAX_WAIT_S); one that relieves it resets the wait."""
+    shares = iter([])
+    monkeypatch.setattr(heap, "available_share", lambda: next(shares))
+    guard = heap.Guard(CountingLibc(), share=0.2, interval=0.5)
+
+    shares = iter([0.1, 0.1])   # short before the trim and after it: the memory is in use
+    assert guard.tick(0.5) == 1.0
+    shares = iter([0.1, 0.1])
+    assert guard.tick(8.0) == heap.MAX_WAIT_S
+    shares = iter([0.1, 0.1])
+    assert guard.tick(heap.MAX_WAIT_S) == heap.MAX_WAIT_S
+    shares = iter([0.1, 0.5])   # the trim handed back enough
+    assert guard.tick(heap.MAX_WAIT_S) == 0.5
+    shares = iter([0.5])        # not short: no trim
+    assert guard.tick(4.0) == 0.5
+    assert guard.libc.trims == guard.trims == 4

@@ -161,13 +161,15 @@ def test_length_sampling_batches_rows_of_similar_length(tiny_model, tok):
     examples, _ = sft.build_examples(table, tok)
     model, _ = models.load(str(tiny_model))
 
-    def padding(sampling):
-        trainer, out_dir = sft._trainer(model, tok, examples, sft.SFTConfig(batch_size=4, sampling=sampling))
+    def padding(sampling, pad_multiple=0):
+        config = sft.SFTConfig(batch_size=4, sampling=sampling, pad_multiple=pad_multiple)
+        trainer, out_dir = sft._trainer(model, tok, examples, config)
         shutil.rmtree(out_dir)  # TRL's output folder; nothing is trained here
         torch.manual_seed(0)
         seen, pad, total = [], 0, 0
         for batch in trainer.get_train_dataloader():
             mask = batch["attention_mask"]
+            assert mask.shape[1] % (pad_multiple or 1) == 0
             pad, total = pad + int((mask == 0).sum()), total + mask.numel()
             seen += [tuple(x[m.bool()].tolist()) for x, m in zip(batch["input_ids"], mask)]
         assert sorted(seen) == sorted(tuple(x) for x in examples["input_ids"])  # every row, once
@@ -175,5 +177,7 @@ def test_length_sampling_batches_rows_of_similar_length(tiny_model, tok):
 
     grouped, shuffled = padding("length"), padding("random")
     assert grouped < 0.6 * shuffled and shuffled > 0.1
+    # --pad-multiple: every batch as wide as a multiple of it (the kept heap sees few tensor sizes), so more padding
+    assert padding("random", pad_multiple=64) > shuffled
     with pytest.raises(InputError, match="length, random"):
         sft.run(table, sft.SFTConfig(model=str(tiny_model), sampling="sorted"), Context(quiet=True))
