@@ -227,7 +227,10 @@ DEMO = {
     # depending on batch) to finish in about 30 minutes; see bench/RESULTS.md for the measured run.
     # A 135M model needs ~190 tokens for one expert-style turn: a smaller cap cuts tool calls.
     "run-all": {"steps": 1, "questions_per_step": 2, "eval_limit": 20, "judge": "heuristic", "transfer_limit": 10},
-    "sft": {"max_steps": 14, "lr": 3e-4, "batch_size": 4, "max_length": 2048, "warmup_ratio": 0.1,
+    # Batches of 2 rows, accumulated to 4: the same update as batches of 4 at half the peak memory. At 4 rows
+    # x 2,048 tokens the learn preset's SFT peaked near 19.5 GB on a 24 GB machine, so the heap guard trimmed the
+    # kept heap every step and a step took 30-45 s instead of about 22 s (LEARNING.md, session 39).
+    "sft": {"max_steps": 14, "lr": 3e-4, "batch_size": 2, "grad_accum": 2, "max_length": 2048, "warmup_ratio": 0.1,
             "gradient_checkpointing": False},
     "rollout": {"group_size": 4, "max_turns": 4, "max_new_tokens": 192, "k": 3, "temperature": 1.0,
                 "batch_size": 32, "date": "2026-01-01"},
