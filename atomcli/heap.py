@@ -15,9 +15,10 @@ and was killed by the kernel on the 24 GB machine (session 38). So `retain()` al
 second it reads the machine's available memory, and when that falls below ATOM_HEAP_RESERVE (a share of the total,
 default 0.2) it calls `malloc_trim(0)`, which hands the free pages inside the heap back to the system. Pages are
 re-zeroed only while memory is short; when it is not, nothing changes. A guard that trims every step costs what
-the kept heap saves (session 39: the learn preset's SFT at 45 s a step, 40% of its CPU time in the kernel), so
-`atom sft` pads batches to a multiple of 256 tokens (`--pad-multiple`): a few tensor sizes, whose freed blocks the
-next batch reuses as they are, in place of a new size for every batch length.
+the kept heap saves (session 39: the learn preset's SFT at 45 s a step, 40% of its CPU time in the kernel), so the
+presets train SFT batches of 2 rows accumulated to 4, whose peak leaves the guard nothing to do (flat at 15.2 GB,
+21.6 s a step), and `atom sft` pads batches to a multiple of 256 tokens (`--pad-multiple`) so the heap sees a few
+tensor sizes (its effect alone is not measured).
 
 `atom` calls `retain()` when it starts, before torch allocates anything. `ATOM_HEAP=release` keeps glibc's defaults
 (a process that must hand memory back while it waits); other C libraries (musl, macOS) are left as they are.
