@@ -109,7 +109,6 @@ class Guard(threading.Thread):
         super().__init__(name="atom-heap-guard", daemon=True)
         self.libc, self.share, self.interval = libc, share, interval
         self.trims = 0
-        self.stopped = threading.Event()
 
     def tick(self, wait: float) -> float:
         """Trim if memory is short; returns how long to wait before the next look."""
@@ -125,8 +124,7 @@ class Guard(threading.Thread):
         wait = self.interval
         while True:
             wait = self.tick(wait)
-            if self.stopped.wait(wait):
-                return
+            time.sleep(wait)
 
 
 guard: Guard | None = None  # the running guard, once retain() has started it

@@ -47,9 +47,9 @@ class SFTConfig:
     batch_size: int = opt(4, "sequences per device batch")
     grad_accum: int = opt(1, "gradient accumulation steps")
     max_length: int = opt(2048, "truncate sequences to this many tokens")
-    pad_multiple: int = opt(256, "pad each batch to a multiple of this many tokens (0: to its longest row). Few "
-                                 "tensor sizes let the kept heap reuse freed blocks as they are (atomcli/heap.py); "
-                                 "with a size for every length the learn preset's SFT heap fragmented to 24 GB")
+    pad_multiple: int = opt(256, "pad each batch to a multiple of this many tokens (0: to its longest row): a few "
+                                 "tensor sizes, whose freed blocks the kept heap can reuse as they are "
+                                 "(atomcli/heap.py; the effect on its size is not measured)")
     min_reward: float = opt(float("-inf"), "keep only rows with reward >= this (rejection sampling)")
     gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, ~30% more time)")
     precision: str = opt("auto", "mixed precision: bf16 or fp32 (auto: bf16 on a GPU that supports it, else fp32); "
