@@ -269,12 +269,17 @@ DEMO = {
 # training questions that no step draws (dev_questions) score the SFT and every eval point, and the
 # best of them on that dev split is the run's final checkpoint (early stopping; the test split is
 # never looked at to choose it).
+# Session 40 (the 2-core Xeon with AMX): the evals took 81 of the run's 145 minutes with the fp32 sampler,
+# so the policy samples from a bf16 copy in batches of 50 (a bf16 copy decodes 1.7x as fast as fp32,
+# bench/RESULTS.md); and each step draws 8 questions instead of 4 (8 steps, evals at 4 and 8: 64 questions
+# in all instead of 40): a step of 4 questions moved the one prior on stopping in whichever direction its
+# last groups pushed (sessions 23-25 and 39: the walk peaks mid-run, then falls back).
 LEARN = {
-    "run-all": {"steps": 10, "questions_per_step": 4, "eval_limit": 0, "eval_every": 5, "eval_base": False,
+    "run-all": {"steps": 8, "questions_per_step": 8, "eval_limit": 0, "eval_every": 4, "eval_base": False,
                 "judge": "heuristic", "curriculum": "balanced", "max_hops": 2, "world_style": "stepwise",
                 "dev_questions": 50},
     "sft": {**DEMO["sft"], "max_steps": 40, "precision": "bf16"},
-    "rollout": {**DEMO["rollout"], "group_size": 8, "temperature": 0.7},
+    "rollout": {**DEMO["rollout"], "group_size": 8, "temperature": 0.7, "precision": "bf16", "batch_size": 50},
     "aggregate-reward": {"truncated": "fail", "process": "ig", "credit": "turn", "schedule": "constant"},
     "score-ig": {"precision": "bf16"},
     "grpo-step": {"lr": 2e-5, "beta": 0.0, "micro_batch": 4, "gradient_checkpointing": False, "precision": "bf16"},
