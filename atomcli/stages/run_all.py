@@ -653,7 +653,8 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
                 run.eval_point(name, model)  # between saves: the in-memory policy
     if cfg.steps:
         run.eval_point(f"step-{cfg.steps:04d}", model)
-        run.evaluate_transfer(f"step-{cfg.steps:04d}", model)
+        if not run.candidates:  # with a dev split the final checkpoint may be another: only its transfer is run
+            run.evaluate_transfer(f"step-{cfg.steps:04d}", model)
     if run.candidates:
         name, model = choose_final(run)
         run.evaluate_transfer(name, model)  # the final checkpoint's transfer (cached when it is the last step)
