@@ -233,6 +233,8 @@ stage_command("score-ig", "score_ig", "IGConfig", [("input", "Rollout table (tok
               _table_stage("score-ig"), extra=[OUT_OPT, FMT_OPT])
 stage_command("aggregate-reward", "aggregate_reward", "AggregateConfig", [("input", "Scored rollout table.")],
               _table_stage("aggregate-reward"), extra=[OUT_OPT, FMT_OPT])
+stage_command("rft", "rft", "RFTConfig", [("input", "Rollout table on training questions (several samples each).")],
+              _table_stage("rft"), extra=[OUT_OPT, FMT_OPT])
 stage_command("grpo-step", "grpo_step", "GRPOConfig", [("data", "Rewarded rollout table.")],
               _checkpoint_stage("grpo-step"),
               extra=[_param("out", Annotated[str, typer.Option("--out", "-o", help="New checkpoint folder.")])])
@@ -255,7 +257,7 @@ def run_all_cmd(
     demo: Annotated[bool, typer.Option("--demo", help="Everything embedded: demo world, local index, SmolLM2, offline judge.")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="With --demo: a tiny model and a few steps (CI smoke test).")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last complete step in --out.")] = False,
-    preset: Annotated[str, typer.Option("--preset", help="With --demo: `demo` (the ~25-minute tour) or `learn` (the learning study: a 40-step SFT on the stepwise world, 10 GRPO steps, evals on all 100 test questions; ~90-100 min measured on 2 Intel cores with AMX, about twice that on 2 AMD EPYC cores, bench/LEARNING.md).")] = "demo",
+    preset: Annotated[str, typer.Option("--preset", help="With --demo: `demo` (the ~25-minute tour), `learn` (the learning study: a 40-step SFT on the stepwise world, 8 GRPO steps of 8 questions, evals on all 100 test questions; bench/LEARNING.md has its measured minutes) or `real` (an agent for real documents: the stepwise-real world, one SFT epoch, two rejection-sampling rounds on the SQLite benchmark's training questions; several hours on 2 CPU cores).")] = "demo",
 ):
     """SFT, then N x [rollout -> score-rrm -> aggregate-reward -> grpo-step], with evals; one process."""
     from atomcli.stages import run_all

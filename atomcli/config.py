@@ -19,7 +19,7 @@ import tomllib
 from atomcli.errors import InputError
 
 # The sections a --config file may hold: the commands that read one (run-all reads them all).
-SECTIONS = ("run-all", "sft", "rollout", "score-rrm", "score-ig", "aggregate-reward", "grpo-step", "eval")
+SECTIONS = ("run-all", "sft", "rollout", "score-rrm", "score-ig", "aggregate-reward", "rft", "grpo-step", "eval")
 
 
 def opt(default: Any, help: str, **meta) -> Any:

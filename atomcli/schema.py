@@ -92,6 +92,7 @@ STAGE_INPUTS: dict[str, list[str]] = {
     "aggregate-reward": ["golden_answers", "group_id", "messages", "answer", "format_ok", "atr", "rrm_error"],
     "grpo-step": ["group_id", "prompt_ids", "completion_ids", "loss_mask", "old_logprobs", "advantage"],
     "sft": ["messages"],
+    "rft": ["id", "golden_answers", "answer", "format_ok", "finish_reason", "messages"],
     "eval": ["id", "golden_answers", "answer"],
 }
 

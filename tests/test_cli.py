@@ -14,7 +14,7 @@ from conftest import ROOT, atom
 from atomcli import config, schema, tableio
 from atomcli.errors import InputError
 
-COMMANDS = ["sft", "rollout", "score-rrm", "aggregate-reward", "grpo-step", "eval", "run-all", "index", "search"]
+COMMANDS = ["sft", "rollout", "score-rrm", "aggregate-reward", "rft", "grpo-step", "eval", "run-all", "index", "search"]
 
 
 def test_help_lists_commands_without_heavy_imports():

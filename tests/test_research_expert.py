@@ -244,35 +244,28 @@ def test_the_real_expert_sets_a_tempting_rival_against_the_answers_sentence():
     assert real_sft.rival(obs, "32767", said, ["SQLITE_MAX_COLUMN"]) is None
 
 
-def test_real_rows_that_name_a_rival_quote_both_sentences_and_answer_from_the_one_they_name(rows):
-    """The answer's sentence comes first or second (session 37: always second, it taught the policy to take the
-    second); the REFLECTION names which, and the answer is that sentence's."""
-    # a rival is never quoted with quotes in it; the answer's sentence may be
-    pair = {"second": re.compile(r'[^"]*"(?P<first>[^"]+)"[^"]*?"(?P<second>.+)"\.'),
-            "first": re.compile(r'[^"]*"(?P<first>.+)"[^"]*?"(?P<second>[^"]+)"\.')}
+def test_real_rows_that_name_a_rival_quote_both_sentences_and_answer_from_the_second(rows):
+    pair = re.compile(r'[^"]*"(?P<rival>[^"]+)"[^"]*?"(?P<quote>.+)"\.')  # a rival is never quoted with quotes in it
     cues = ("asks about ", "is about ", "question says ")
-    order = Counter()
+    seen = 0
     for r in [r for r in rows if r["data_source"].startswith("sqlite_")]:
         thoughts = agent_format.atomic_thoughts(r["messages"][-1]["content"])
         if not (len(thoughts) == 2 and any(c in thoughts[1][1] for c in cues)):
             continue
         assert thoughts[0][0] == "OBSERVATION"
-        tag, why = thoughts[1]
-        which = "first" if " first " in why else "second"
-        said = pair[which].fullmatch(thoughts[0][1])
-        assert (" second " in why) != (which == "first"), why                   # names exactly one of the two
-        order[which] += 1
-        quote, other = (said["first"], said["second"]) if which == "first" else (said["second"], said["first"])
+        said = pair.fullmatch(thoughts[0][1])
+        seen += 1
         before = " ".join(r["messages"][-2]["content"].split())
-        assert quote in before and other in before                               # both copied from the results
+        assert said["rival"] in before and said["quote"] in before              # both copied from the results
         gold = research_expert.value_pattern(r["answer"])
-        assert gold.search(quote) and not gold.search(other)
+        assert gold.search(said["quote"]) and not gold.search(said["rival"])
+        tag, why = thoughts[1]
         assert tag == "REFLECTION" and why.rstrip(".").endswith(r["answer"])
         cue = next(c for c in cues if c in why)
         words = re.split(r",|;", why.split(cue)[1])[0].split()
-        assert words and all(w.lower() in r["question"].lower() and w.lower() in quote.lower()
-                             and w.lower() not in other.lower() for w in words), (why, said.groupdict())
-    assert order["first"] >= 3 and order["second"] >= 3, order
+        assert words and all(w.lower() in r["question"].lower() and w.lower() in said["quote"].lower()
+                             and w.lower() not in said["rival"].lower() for w in words), (why, said.groupdict())
+    assert seen >= 5
 
 
 def test_a_quote_cut_at_its_value_ends_with_the_answer():

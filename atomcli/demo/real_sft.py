@@ -20,8 +20,8 @@ knowledge) and only uses it to judge what the tools returned, never as text in a
 - it quotes the sentence that states the answer, cut just after the answer, and answers with
   the span as written there (the quote's last words);
   when the results also hold a tempting sentence with another value of the answer's kind, it
-  quotes both, in random order, and names the question's words that only the answer's sentence has
-  and which of the two that is (`rival`: the reading the policy gets wrong on real pages).
+  quotes that one first and names the question's words that only the answer's sentence has
+  (`rival`: the reading the policy gets wrong on real pages).
 """
 
 from __future__ import annotations
@@ -149,9 +149,8 @@ class RealExpert:
         contrast = rival(rec.seen[-1], gold, said, terms)
         if contrast is not None:  # a tempting sentence with another value of the answer's kind (session 32)
             other, cue = contrast
-            first, second, which = (said, other, "first") if rng.random() < 0.5 else (other, said, "second")
-            units = [("OBSERVATION", rx.say(rng, "rival", first=first, second=second)),
-                     ("REFLECTION", rx.say(rng, "pick", cue=cue, which=which, answer=span))]
+            units = [("OBSERVATION", rx.say(rng, "rival", rival=other, quote=said)),
+                     ("REFLECTION", rx.say(rng, "pick", cue=cue, answer=span))]
         else:
             units = [("OBSERVATION", rx.say(rng, "found", quote=said))]
             if rng.random() < 0.4 and len(own["title"]) <= 80:  # a long title would overrun the turn's token budget

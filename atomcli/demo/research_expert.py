@@ -113,16 +113,18 @@ PHRASES = {
         "Evidence: \"{quote}\".",
         "It reads: \"{quote}\".",
     ),
-    # the answer's sentence comes first or second at random: always second, it taught "take the second" (session 37)
+    # the tempting sentence first, the answer's second: one fixed order the policy can copy. Session 37 tried a
+    # random order (the policy took the second either way): transfer 0.193, against 0.228 and 0.248 (two seeds)
+    # with this order, which the rejection-sampling rounds of sessions 38-40 start from (bench/LEARNING.md)
     "rival": (
-        "One result says \"{first}\", another \"{second}\".",
-        "Two values: \"{first}\" and \"{second}\".",
-        "The results say \"{first}\" but also \"{second}\".",
+        "One result says \"{rival}\", another \"{quote}\".",
+        "Two values: \"{rival}\" and \"{quote}\".",
+        "The results say \"{rival}\" but also \"{quote}\".",
     ),
     "pick": (
-        "The question asks about {cue}, which only the {which} states: {answer}.",
-        "Only the {which} is about {cue}, as the question is: {answer}.",
-        "The question says {cue}; that is the {which} sentence, so {answer}.",
+        "The question asks about {cue}, which only the second states: {answer}.",
+        "Only the second is about {cue}, as the question is: {answer}.",
+        "The question says {cue}; that is the second sentence, so {answer}.",
     ),
     "verify": (
         "This comes from the page on {target} itself, so it is about the right entity.",

@@ -9,7 +9,7 @@ echo "rollout start $(date +%H:%M:%S)"
 $A rollout runs/s34/real/train.jsonl --model $BASE --search local:runs/s34/real/index.sqlite --config $CFG \
    --group-size 2 --seed 0 -o $R/roll.parquet || exit 1
 echo "filter $(date +%H:%M:%S)"
-.venv/bin/python bench/real_docs/rft.py $R/roll.parquet $R/sft.parquet || exit 1
+.venv/bin/atom rft $R/roll.parquet -o $R/sft.parquet || exit 1
 echo "sft start $(date +%H:%M:%S)"
 $A sft $R/sft.parquet --model $BASE --out $R/ckpt --lr 1e-4 --warmup-ratio 0.1 --batch-size 2 --grad-accum 2 \
    --epochs 1 --precision bf16 --no-gradient-checkpointing --seed 0 || exit 1

@@ -22,7 +22,7 @@ echo "rollout start $(date +%H:%M:%S)"
 $A rollout $R/unsolved.jsonl --model $R1/ckpt --search local:runs/s34/real/index.sqlite --config $CFG \
    --group-size 2 --seed 1 -o $R/roll.parquet || exit 1
 echo "filter $(date +%H:%M:%S)"
-$P bench/real_docs/rft.py $R/roll.parquet $R/new.parquet || exit 1
+$A rft $R/roll.parquet -o $R/new.parquet || exit 1
 $P -c "
 import pyarrow as pa, pyarrow.parquet as pq
 a = pq.read_table('$R1/sft.parquet'); b = pq.read_table('$R/new.parquet').select(a.column_names).cast(a.schema)

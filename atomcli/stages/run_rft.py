@@ -1,0 +1,82 @@
+"""run-all's rejection-sampling rounds (`[run-all] rft_rounds`), between the SFT and the GRPO steps.
+
+Round N writes rft/NN/ in the run folder:
+
+    questions.parquet  the training questions of rft_sources that no earlier round solved (never a dev question)
+    rollouts.parquet   rft_group_size samples of each, by the latest policy (round 1: the SFT checkpoint)
+    kept.parquet       `atom rft` of those: the right, well-formed answers, at most [rft] per_question a question
+    rows.parquet       the kept rows of rounds 1..N
+    ckpt/              the SFT checkpoint fine-tuned for one epoch on rows.parquet at rft_lr
+
+and its checkpoint is an eval point (`rft-N`: test, dev and transfer evals). Each round fine-tunes from the SFT
+checkpoint, not from the last round's, as STaR does: the rows of earlier rounds are trained once, in one epoch with
+the new ones, instead of once more every round. The later rounds sample only what is still unsolved, so they add
+questions rather than second answers to the easy ones. Measured (bench/LEARNING.md, sessions 38-40): from the
+stepwise-real SFT on the SQLite benchmark's 484 training questions, round 1 kept 179 answers and round 2 71 more;
+transfer 0.248 -> 0.273 -> 0.300.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from atomcli.errors import InputError
+
+ROOT = "rft"  # the rounds' folder in the run folder
+
+
+def pool(train, cfg, exclude: set[int]) -> list[int]:
+    """Row indices of the training questions the rounds may sample: those whose data_source starts with one of
+    rft_sources (every question when it is empty), less `exclude` (the dev split). Refused when none is left."""
+    prefixes = [p.strip() for p in cfg.rft_sources.split(",") if p.strip()]
+    sources = (train.column("data_source").to_pylist() if "data_source" in train.column_names
+               else [None] * train.num_rows)
+    rows = [i for i, src in enumerate(sources) if i not in exclude
+            and (not prefixes or any(str(src or "").startswith(p) for p in prefixes))]
+    if not rows:
+        found = sorted({str(s) for s in sources})
+        raise InputError(f"rft_sources = {cfg.rft_sources!r} matches no training question outside the dev split",
+                         file=cfg.train, column="data_source",
+                         hint=f"the file's data_source values: {', '.join(found[:8])}")
+    return rows
+
+
+def rounds(run, train, rows: list[int], model: str) -> str:
+    """Run the rounds from checkpoint `model` (the SFT's); returns the last round's checkpoint."""
+    import pyarrow as pa
+
+    from atomcli import tableio
+    from atomcli.stages import rft, sft
+    cfg, start = run.cfg, model
+    ids = train.column("id").to_pylist()
+    solved: set = set()
+    for r in range(1, cfg.rft_rounds + 1):
+        d = run.out / ROOT / f"{r:02d}"
+        questions, rollouts, kept = d / "questions.parquet", d / "rollouts.parquet", d / "kept.parquet"
+        if not questions.exists():
+            left = [i for i in rows if ids[i] not in solved]
+            if not left:
+                run.log(f"rft round {r}: every question is solved; no more rounds")
+                break
+            d.mkdir(parents=True, exist_ok=True)
+            tableio.write_table(train.take(left), str(questions))
+        run.log(f"[bold]rft round {r}/{cfg.rft_rounds}[/]")
+        run.rollout_stage(dataclasses.replace(run.rollout, model=model, group_size=cfg.rft_group_size,
+                                              seed=cfg.seed + r - 1), questions, rollouts)
+        try:
+            run.table_stage("rft", rft, run.rft, rollouts, kept)
+        except rft.NothingKept as e:  # nothing answered right: a result of the round, not a fault of the input
+            run.log(f"[yellow]rft round {r}:[/] {e.what}; no more rounds")
+            break
+        solved |= set(run.read(kept).column("id").to_pylist())
+        data = d / "rows.parquet"
+        if not data.exists():
+            tables = [run.read(run.out / ROOT / f"{k:02d}" / "kept.parquet") for k in range(1, r + 1)]
+            tableio.write_table(pa.concat_tables(tables, promote_options="default"), str(data))
+        # one epoch in a seeded random order, as measured (sessions 38-40); the [sft] section's other settings
+        tune = dataclasses.replace(run.sft, model=start, lr=cfg.rft_lr, epochs=1.0, max_steps=0, sampling="random")
+        run.train_stage("sft", sft, tune, data, d / "ckpt")
+        model = str(d / "ckpt")
+        run.eval_point(f"rft-{r}", model)
+        run.evaluate_transfer(f"rft-{r}", model)
+    return model

@@ -1,0 +1,184 @@
+"""`atom rft` (rejection sampling: the right, well-formed, answered trajectories, a bounded number a question) and
+run-all's rounds of it (atomcli/stages/run_rft.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import atom
+
+from atomcli.errors import InputError
+from atomcli.stages import rft, run_all, run_rft
+
+
+def rows():
+    def r(qid, sample, answer, gold="OFF", ok=True, finish="answer", source="sqlite_1hop"):
+        return {"id": qid, "traj_id": f"{qid}/{sample}", "golden_answers": [gold], "answer": answer,
+                "format_ok": ok, "finish_reason": finish, "data_source": source, "prompt_ids": [1, 2, sample],
+                "messages": [{"role": "user", "content": qid}]}
+    return [
+        r("q1", 0, "ON"),                       # wrong
+        r("q1", 1, "off"),                      # right (normalized like the scorer): kept
+        r("q1", 2, "OFF"),                      # right, but q1 already has one
+        r("q2", 0, "OFF", ok=False),            # right words, ill-formed
+        r("q2", 1, "OFF", finish="max_turns"),  # not an answer the policy gave
+        r("q3", 0, "version 3.32.0", gold="3.32.0", source="sqlite_2hop"),  # F1 0.67: below the default 1.0
+        r("q4", 0, None),                       # no answer
+    ]
+
+
+def run(tmp_path, *extra):
+    src, out = tmp_path / "roll.parquet", tmp_path / "sft.parquet"
+    pq.write_table(pa.Table.from_pylist(rows()), src)
+    proc = atom("rft", src, "-o", out, *extra)
+    proc.stderr = proc.stderr.decode()
+    return proc, out
+
+
+def test_keeps_one_right_answer_a_question_with_its_token_columns(tmp_path):
+    proc, out = run(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    kept = pq.read_table(out).to_pylist()
+    assert [r["traj_id"] for r in kept] == ["q1/1"]
+    assert kept[0]["prompt_ids"] == [1, 2, 1]
+    assert "kept 1 of 7 trajectories, 1 of 4 questions" in proc.stderr
+
+
+def test_thresholds_and_per_question_bound_are_options(tmp_path):
+    proc, out = run(tmp_path, "--min-f1", "0.5", "--per-question", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["traj_id"] for r in pq.read_table(out).to_pylist()] == ["q1/1", "q1/2", "q3/0"]
+
+
+@pytest.mark.parametrize("flags, message", [(["--min-f1", "1.1"], "--min-f1 must be in [0, 1]"),
+                                            (["--per-question", "0"], "--per-question must be >= 1")])
+def test_bad_settings_are_one_line_errors(tmp_path, flags, message):
+    proc, out = run(tmp_path, *flags)
+    assert proc.returncode == 2 and message in proc.stderr and not out.exists()
+
+
+def test_nothing_right_is_refused_and_writes_nothing(tmp_path):
+    src, out = tmp_path / "roll.parquet", tmp_path / "sft.parquet"
+    pq.write_table(pa.Table.from_pylist([r for r in rows() if r["id"] != "q1"]), src)
+    proc = atom("rft", src, "-o", out)
+    assert proc.returncode == 2 and b"nothing to fine-tune on" in proc.stderr and not out.exists()
+
+
+def test_a_table_without_answers_names_the_stage_that_makes_them(tmp_path):
+    src = tmp_path / "q.parquet"
+    pq.write_table(pa.Table.from_pylist([{"id": "q1", "question": "?", "golden_answers": ["a"]}]), src)
+    proc = atom("rft", src, "-o", tmp_path / "out.parquet")
+    assert proc.returncode == 2 and b"column `answer`" in proc.stderr and b"atom rollout" in proc.stderr
+
+
+# -- run-all's rounds, with a fake policy: the loop's bookkeeping, no model ---------------------------------------
+
+QUESTIONS = [{"id": f"d{i}", "question": f"demo {i}?", "golden_answers": ["x"], "data_source": "demo_1hop"}
+             for i in range(3)] + \
+            [{"id": f"s{i}", "question": f"real {i}?", "golden_answers": ["x"], "data_source": "sqlite_1hop"}
+             for i in range(6)]
+
+
+class FakeRun:
+    """What rounds() uses of run_all.Run. The policy answers question sN right in round r when N < 2 * r
+    (a policy that gets better each round), and only its second sample does."""
+
+    def __init__(self, out: Path, rounds: int, exclude=()):
+        self.out = out
+        self.cfg = run_all.RunAllConfig(rft_rounds=rounds, rft_sources="sqlite", rft_group_size=2, rft_lr=1e-4,
+                                        seed=5, train=str(out / "train.jsonl"))
+        self.rft = rft.RFTConfig()
+        from atomcli.stages.rollout import RolloutConfig
+        from atomcli.stages.sft import SFTConfig
+        self.rollout = RolloutConfig(group_size=8, seed=5)
+        self.sft = SFTConfig(lr=2e-4, sampling="length", max_steps=40, seed=5)
+        self.calls: list = []
+
+    def log(self, msg):
+        self.calls.append(("log", msg))
+
+    def read(self, path, stage=None):
+        return pq.read_table(path)
+
+    def rollout_stage(self, cfg, inp, out):
+        qs = pq.read_table(inp).to_pylist()
+        r = int(out.parent.name)
+        self.calls.append(("rollout", cfg.model, cfg.group_size, cfg.seed, [q["id"] for q in qs]))
+        rows = [{**q, "traj_id": f"{q['id']}/{k}/{r}", "answer": "x" if k == 1 and int(q["id"][1:]) < 2 * r else "y",
+                 "format_ok": True, "finish_reason": "answer", "messages": [{"role": "user", "content": q["id"]}]}
+                for q in qs for k in range(cfg.group_size)]
+        pq.write_table(pa.Table.from_pylist(rows), out)
+
+    def table_stage(self, stage, mod, cfg, inp, out):
+        from atomcli import envelope
+        from atomcli.context import Context
+        envelope.table_to_table(stage, mod, cfg, str(inp), str(out), Context(quiet=True))
+
+    def train_stage(self, stage, mod, cfg, inp, out):
+        self.calls.append(("sft", cfg.model, cfg.lr, cfg.epochs, cfg.sampling, pq.read_table(inp).column("traj_id")
+                           .to_pylist()))
+        out.mkdir(parents=True)
+
+    def eval_point(self, name, model):
+        self.calls.append(("eval", name, model))
+
+    def evaluate_transfer(self, name, model):
+        self.calls.append(("transfer", name, model))
+
+
+def _train(tmp_path):
+    return pa.Table.from_pylist(QUESTIONS)
+
+
+def test_rounds_sample_the_unsolved_real_questions_and_fine_tune_the_sft_checkpoint_on_every_kept_row(tmp_path):
+    train = _train(tmp_path)
+    run = FakeRun(tmp_path, rounds=2)
+    pool = run_rft.pool(train, run.cfg, exclude={3})  # row 3 (s0) is a dev question
+    assert pool == [4, 5, 6, 7, 8]
+    last = run_rft.rounds(run, train, pool, "SFT")
+    calls = [c for c in run.calls if c[0] != "log"]
+    r1 = tmp_path / "rft" / "01" / "ckpt"
+    r2 = tmp_path / "rft" / "02" / "ckpt"
+    assert last == str(r2)
+    assert calls == [
+        # round 1: the SFT policy, 2 samples of every real question but the dev one, seed = run seed
+        ("rollout", "SFT", 2, 5, ["s1", "s2", "s3", "s4", "s5"]),
+        ("sft", "SFT", 1e-4, 1.0, "random", ["s1/1/1"]),
+        ("eval", "rft-1", str(r1)), ("transfer", "rft-1", str(r1)),
+        # round 2: round 1's policy on what it left unsolved; the SFT checkpoint tuned on both rounds' rows
+        ("rollout", str(r1), 2, 6, ["s2", "s3", "s4", "s5"]),
+        ("sft", "SFT", 1e-4, 1.0, "random", ["s1/1/1", "s2/1/2", "s3/1/2"]),
+        ("eval", "rft-2", str(r2)), ("transfer", "rft-2", str(r2)),
+    ]
+
+
+def test_a_round_that_keeps_nothing_ends_the_rounds_without_failing_the_run(tmp_path):
+    train = pa.Table.from_pylist([q for q in QUESTIONS if q["id"] in ("d0", "s4", "s5")])
+    run = FakeRun(tmp_path, rounds=3)  # s4, s5 are right only from round 3 on
+    last = run_rft.rounds(run, train, run_rft.pool(train, run.cfg, set()), "SFT")
+    assert last == "SFT" and not (tmp_path / "rft" / "01" / "ckpt").exists()
+    assert any(c[0] == "log" and "nothing to fine-tune on" in c[1] and "no more rounds" in c[1] for c in run.calls)
+    assert [c[0] for c in run.calls if c[0] != "log"] == ["rollout"]
+
+
+def test_sources_that_match_no_question_are_refused_before_anything_runs(tmp_path):
+    cfg = dataclasses.replace(FakeRun(tmp_path, 1).cfg, rft_sources="hotpot")
+    with pytest.raises(InputError, match="matches no training question") as e:
+        run_rft.pool(_train(tmp_path), cfg, set())
+    assert "demo_1hop" in str(e.value) and "sqlite_1hop" in str(e.value)
+
+
+@pytest.mark.parametrize("extra, message", [({"rft_rounds": -1}, "rft_rounds must be >= 0"),
+                                            ({"rft_group_size": 0}, "rft_group_size >= 1")])
+def test_bad_round_settings_are_refused_when_the_run_is_built(tmp_path, extra, message):
+    from atomcli.context import Context
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(run_all.to_toml({"run-all": extra}))
+    settings = run_all.prepare(tmp_path / "run", True, True, str(cfg), Context(quiet=True), build=False)
+    with pytest.raises(InputError, match=message):
+        run_all.Run(tmp_path / "run", settings, Context(quiet=True))
+    assert not (tmp_path / "run").exists()
