@@ -34,7 +34,8 @@ class InputError(Exception):
         """Return a copy that also names the file (and row) where it happened.
 
         A stage that never sees paths names its input `-`; the caller's real name replaces it."""
-        return InputError(self.what, file=self.file if self.file not in (None, "-") else file,
+        # the same class: a caller may catch a subclass (run-all's rft rounds catch rft.NothingKept)
+        return type(self)(self.what, file=self.file if self.file not in (None, "-") else file,
                           row=self.row if self.row is not None else row,
                           column=self.column, hint=self.hint)
 

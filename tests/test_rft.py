@@ -4,6 +4,7 @@ run-all's rounds of it (atomcli/stages/run_rft.py)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -95,7 +96,7 @@ class FakeRun:
         from atomcli.stages.rollout import RolloutConfig
         from atomcli.stages.sft import SFTConfig
         self.rollout = RolloutConfig(group_size=8, seed=5)
-        self.sft = SFTConfig(lr=2e-4, sampling="length", max_steps=40, seed=5)
+        self.sft = SFTConfig(lr=2e-4, sampling="length", max_steps=40, warmup_ratio=0.1, seed=5)
         self.calls: list = []
 
     def log(self, msg):
@@ -105,6 +106,8 @@ class FakeRun:
         return pq.read_table(path)
 
     def rollout_stage(self, cfg, inp, out):
+        if out.exists():  # as run_all.Run: an output that exists is complete (resume)
+            return
         qs = pq.read_table(inp).to_pylist()
         r = int(out.parent.name)
         self.calls.append(("rollout", cfg.model, cfg.group_size, cfg.seed, [q["id"] for q in qs]))
@@ -114,13 +117,17 @@ class FakeRun:
         pq.write_table(pa.Table.from_pylist(rows), out)
 
     def table_stage(self, stage, mod, cfg, inp, out):
+        if out.exists():
+            return
         from atomcli import envelope
         from atomcli.context import Context
         envelope.table_to_table(stage, mod, cfg, str(inp), str(out), Context(quiet=True))
 
     def train_stage(self, stage, mod, cfg, inp, out):
-        self.calls.append(("sft", cfg.model, cfg.lr, cfg.epochs, cfg.sampling, pq.read_table(inp).column("traj_id")
-                           .to_pylist()))
+        if out.exists():
+            return
+        self.calls.append(("sft", cfg.model, cfg.lr, cfg.epochs, cfg.max_steps, cfg.sampling, cfg.warmup_ratio,
+                           pq.read_table(inp).column("traj_id").to_pylist()))
         out.mkdir(parents=True)
 
     def eval_point(self, name, model):
@@ -145,15 +152,48 @@ def test_rounds_sample_the_unsolved_real_questions_and_fine_tune_the_sft_checkpo
     r2 = tmp_path / "rft" / "02" / "ckpt"
     assert last == str(r2)
     assert calls == [
-        # round 1: the SFT policy, 2 samples of every real question but the dev one, seed = run seed
+        # round 1: the SFT policy, 2 samples of every real question but the dev one, seed = run seed;
+        # one whole epoch (max_steps 0, not the SFT's 40) at rft_lr, the [sft] section's warmup
         ("rollout", "SFT", 2, 5, ["s1", "s2", "s3", "s4", "s5"]),
-        ("sft", "SFT", 1e-4, 1.0, "random", ["s1/1/1"]),
-        ("eval", "rft-1", str(r1)), ("transfer", "rft-1", str(r1)),
+        ("sft", "SFT", 1e-4, 1.0, 0, "random", 0.1, ["s1/1/1"]),
+        ("eval", "rft-01", str(r1)), ("transfer", "rft-01", str(r1)),
         # round 2: round 1's policy on what it left unsolved; the SFT checkpoint tuned on both rounds' rows
         ("rollout", str(r1), 2, 6, ["s2", "s3", "s4", "s5"]),
-        ("sft", "SFT", 1e-4, 1.0, "random", ["s1/1/1", "s2/1/2", "s3/1/2"]),
-        ("eval", "rft-2", str(r2)), ("transfer", "rft-2", str(r2)),
+        ("sft", "SFT", 1e-4, 1.0, 0, "random", 0.1, ["s1/1/1", "s2/1/2", "s3/1/2"]),
+        ("eval", "rft-02", str(r2)), ("transfer", "rft-02", str(r2)),
     ]
+    # a rerun (resume) redoes nothing and ends at the same checkpoint; a run killed after round 1 redoes round 2
+    # only, with `solved` rebuilt from round 1's kept rows
+    again = FakeRun(tmp_path, rounds=2)
+    assert run_rft.rounds(again, train, pool, "SFT") == str(r2)
+    assert [c[0] for c in again.calls if c[0] not in ("log", "eval", "transfer")] == []
+    import shutil
+    shutil.rmtree(tmp_path / "rft" / "02")
+    third = FakeRun(tmp_path, rounds=2)
+    assert run_rft.rounds(third, train, pool, "SFT") == str(r2)
+    assert [c for c in third.calls if c[0] in ("rollout", "sft")] == [calls[4], calls[5]]
+
+
+def test_with_a_dev_split_the_rounds_leave_transfer_to_the_final_checkpoint(tmp_path):
+    run = FakeRun(tmp_path, rounds=1)
+    run.cfg.dev_questions = 1
+    run_rft.rounds(run, _train(tmp_path), [4, 5], "SFT")
+    assert [c[:2] for c in run.calls if c[0] in ("eval", "transfer")] == [("eval", "rft-01")]
+
+
+def test_rounds_stop_when_every_question_is_solved(tmp_path):
+    train = _train(tmp_path)
+    run = FakeRun(tmp_path, rounds=3)
+    last = run_rft.rounds(run, train, [4, 5], "SFT")  # s1 (round 1) and s2 (round 2): nothing left for round 3
+    assert last == str(tmp_path / "rft" / "02" / "ckpt") and not (tmp_path / "rft" / "03").exists()
+    assert any(c[0] == "log" and "every question is solved" in c[1] for c in run.calls)
+
+
+def test_a_round_that_keeps_nothing_after_one_that_did_returns_the_last_tuned_checkpoint(tmp_path):
+    train = pa.Table.from_pylist([q for q in QUESTIONS if q["id"] in ("s1", "s4", "s5")])
+    run = FakeRun(tmp_path, rounds=2)  # round 1 solves s1; s4, s5 need round 3
+    assert run_rft.rounds(run, train, [0, 1, 2], "SFT") == str(tmp_path / "rft" / "01" / "ckpt")
+    assert any(c[0] == "log" and "rft round 2" in c[1] and "no more rounds" in c[1] for c in run.calls)
 
 
 def test_a_round_that_keeps_nothing_ends_the_rounds_without_failing_the_run(tmp_path):
@@ -172,13 +212,28 @@ def test_sources_that_match_no_question_are_refused_before_anything_runs(tmp_pat
     assert "demo_1hop" in str(e.value) and "sqlite_1hop" in str(e.value)
 
 
-@pytest.mark.parametrize("extra, message", [({"rft_rounds": -1}, "rft_rounds must be >= 0"),
-                                            ({"rft_group_size": 0}, "rft_group_size >= 1")])
+@pytest.mark.parametrize("extra, message", [({"rft_rounds": -1}, "rft_rounds must be >= 0, got -1"),
+                                            ({"rft_group_size": 0}, "rft_group_size must be >= 1, got 0"),
+                                            ({"rft_lr": 0.0}, "rft_lr must be > 0, got 0.0")])
 def test_bad_round_settings_are_refused_when_the_run_is_built(tmp_path, extra, message):
     from atomcli.context import Context
     cfg = tmp_path / "c.toml"
     cfg.write_text(run_all.to_toml({"run-all": extra}))
     settings = run_all.prepare(tmp_path / "run", True, True, str(cfg), Context(quiet=True), build=False)
-    with pytest.raises(InputError, match=message):
+    with pytest.raises(InputError, match=re.escape(message)):
         run_all.Run(tmp_path / "run", settings, Context(quiet=True))
-    assert not (tmp_path / "run").exists()
+
+
+def test_a_lora_served_policy_cannot_follow_the_rounds_full_weight_checkpoints(tmp_path):
+    """lora-vllm serves adapters: each round writes a full-weight SFT checkpoint, refused at start like sft_data."""
+    from atomcli.context import Context
+    cfg = tmp_path / "c.toml"
+    served = {"model": "openai:http://127.0.0.1:9/v1#m", "policy_sync": "lora-vllm", "sft_data": ""}
+    for rounds, refused in ((0, False), (1, True)):
+        cfg.write_text(run_all.to_toml({"run-all": {**served, "rft_rounds": rounds}, "grpo-step": {"lora": True}}))
+        settings = run_all.prepare(tmp_path / "run", True, True, str(cfg), Context(quiet=True), build=False)
+        if refused:
+            with pytest.raises(InputError, match="cannot serve an SFT checkpoint"):
+                run_all.Run(tmp_path / "run", settings, Context(quiet=True))
+        else:
+            assert run_all.Run(tmp_path / "run", settings, Context(quiet=True)).follow is not None

@@ -150,7 +150,7 @@ class RealExpert:
         if contrast is not None:  # a tempting sentence with another value of the answer's kind (session 32)
             other, cue = contrast
             units = [("OBSERVATION", rx.say(rng, "rival", rival=other, quote=said)),
-                     ("REFLECTION", rx.say(rng, "pick", cue=cue, answer=span))]
+                     ("REFLECTION", rx.say(rng, "pick", cue=cue, which="second", answer=span))]
         else:
             units = [("OBSERVATION", rx.say(rng, "found", quote=said))]
             if rng.random() < 0.4 and len(own["title"]) <= 80:  # a long title would overrun the turn's token budget

@@ -122,9 +122,9 @@ PHRASES = {
         "The results say \"{rival}\" but also \"{quote}\".",
     ),
     "pick": (
-        "The question asks about {cue}, which only the second states: {answer}.",
-        "Only the second is about {cue}, as the question is: {answer}.",
-        "The question says {cue}; that is the second sentence, so {answer}.",
+        "The question asks about {cue}, which only the {which} states: {answer}.",
+        "Only the {which} is about {cue}, as the question is: {answer}.",
+        "The question says {cue}; that is the {which} sentence, so {answer}.",
     ),
     "verify": (
         "This comes from the page on {target} itself, so it is about the right entity.",

@@ -519,9 +519,10 @@ class Follower:
             raise InputError("policy_sync lora-vllm loads LoRA adapters: the trainer must write them",
                              hint="set [grpo-step] lora = true, or sync full weights with sglang-disk")
         if sync == "lora-vllm" and sft:
-            raise InputError("policy_sync lora-vllm cannot serve the SFT checkpoint (full weights)",
-                             hint="serve the SFT model and start run-all from it without sft_data, or use "
-                                  "sglang-disk / vllm-reload")
+            raise InputError("policy_sync lora-vllm cannot serve an SFT checkpoint (full weights: sft_data or "
+                             "rft_rounds)",
+                             hint="serve the SFT model and start run-all from it without sft_data and rft_rounds, "
+                                  "or use sglang-disk / vllm-reload")
         return cls(model, sync, context, state_dir)
 
     def rollout_config(self, cfg):

@@ -18,13 +18,15 @@ from dataclasses import dataclass
 from atomcli.config import opt
 from atomcli.errors import InputError
 
+
 class NothingKept(InputError):
     """No sampled trajectory answered right: `atom rft` exits 2 (no output); run-all ends its rounds."""
 
 
 @dataclass
 class RFTConfig:
-    min_f1: float = opt(1.0, "keep answers with at least this F1 against a golden answer (1.0: exactly right)")
+    min_f1: float = opt(1.0, "keep answers with at least this F1 against a golden answer (SQuAD token F1, the "
+                             "default scorer of eval and aggregate-reward; 1.0: exactly right)")
     per_question: int = opt(1, "at most this many kept trajectories a question (the first sampled)")
 
 
@@ -56,7 +58,7 @@ def select(rows: list[dict], config: RFTConfig) -> list[int]:
 def run(table, config: RFTConfig, context):
     check(config)
     from atomcli import schema
-    rows = table.select(schema.STAGE_INPUTS["rft"]).to_pylist()
+    rows = table.select([c for c in schema.STAGE_INPUTS["rft"] if c != "messages"]).to_pylist()  # what select reads
     kept = select(rows, config)
     questions = len({r["id"] for r in rows})
     if not kept:

@@ -65,7 +65,8 @@ class RunAllConfig:
     eval_every: int = opt(0, "eval every K steps (0 = only before training, after SFT and at the end)")
     eval_limit: int = opt(32, "test questions per eval (0 = all)")
     eval_base: bool = opt(True, "evaluate the starting model before training")
-    transfer_test: str = opt("", "a second test set (other documents) evaluated after SFT and at the end; "
+    transfer_test: str = opt("", "a second test set (other documents) evaluated after SFT and at the end (with a "
+                                 "dev split: at the final checkpoint); "
                                  "with --demo: the real-text benchmark (SQLite docs)")
     transfer_search: str = opt("", "search SPEC for transfer_test")
     transfer_limit: int = opt(0, "transfer questions per eval (0 = all)")
@@ -93,7 +94,9 @@ class RunAllConfig:
                              "the policy samples rft_group_size answers to each training question of rft_sources "
                              "that no earlier round solved, `rft` keeps the right ones, and the SFT checkpoint is "
                              "fine-tuned one epoch at rft_lr on every round's kept rows; each round is an eval "
-                             "point (rft-N); 0 = none")
+                             "point (rft-NN). Dev questions are never sampled (note: a dev split is the first "
+                             "training questions in file order, demo ones in the stepwise-real world). GRPO steps "
+                             "after the rounds start from the last round's checkpoint, their KL reference; 0 = none")
     rft_group_size: int = opt(2, "with rft_rounds: samples a question each round")
     rft_sources: str = opt("", "with rft_rounds: the data_source prefixes of the training questions sampled, "
                                "comma-separated (sqlite: the real benchmark's); empty = every training question")
@@ -404,18 +407,21 @@ class Run:
         if self.cfg.max_hops < 0:
             raise InputError("[run-all] max_hops must be >= 0", hint="0 = every training question")
         # a served policy follows the trainer (or the run is refused now, before anything is written)
+        # (rft rounds write full-weight SFT checkpoints too)
+        full = bool(self.cfg.sft_data) or self.cfg.rft_rounds > 0
         self.follow = policy_sync.Follower.for_run(self.cfg.model, self.cfg.policy_sync, lora=self.grpo.lora,
-                                                   sft=bool(self.cfg.sft_data), context=context,
-                                                   state_dir=out)
+                                                   sft=full, context=context, state_dir=out)
         if self.cfg.save_every < 0:
             raise InputError("[run-all] save_every must be >= 0", hint="0 = the preset's default (every step)")
         self.save_every = self.cfg.save_every or 1
         if self.follow is not None and self.save_every > 1:
             raise InputError("a served policy is synced from each step's checkpoint on disk: save_every must be 1",
                              hint="drop [run-all] save_every, or train an in-process policy (a local model)")
-        if self.cfg.rft_rounds < 0 or self.cfg.rft_group_size < 1 or self.cfg.rft_lr <= 0:
-            raise InputError("[run-all] rft_rounds must be >= 0, rft_group_size >= 1 and rft_lr > 0",
-                             hint="rft_rounds = 0 turns rejection sampling off")
+        for bad, what in ((self.cfg.rft_rounds < 0, f"rft_rounds must be >= 0, got {self.cfg.rft_rounds}"),
+                          (self.cfg.rft_group_size < 1, f"rft_group_size must be >= 1, got {self.cfg.rft_group_size}"),
+                          (self.cfg.rft_lr <= 0, f"rft_lr must be > 0, got {self.cfg.rft_lr}")):
+            if bad:
+                raise InputError(f"[run-all] {what}", hint="rft_rounds = 0 turns rejection sampling off")
         if self.cfg.dev_questions < 0:
             raise InputError("[run-all] dev_questions must be >= 0", hint="0 = no dev split; the last step is final")
         # per split ("" = the test, "transfer", "dev"): the first eval, which every later one is compared with

@@ -8,7 +8,7 @@ Round N writes rft/NN/ in the run folder:
     rows.parquet       the kept rows of rounds 1..N
     ckpt/              the SFT checkpoint fine-tuned for one epoch on rows.parquet at rft_lr
 
-and its checkpoint is an eval point (`rft-N`: test, dev and transfer evals). Each round fine-tunes from the SFT
+and its checkpoint is an eval point (`rft-NN`: test and dev evals, and transfer when the run has no dev split). Each round fine-tunes from the SFT
 checkpoint, not from the last round's, as STaR does: the rows of earlier rounds are trained once, in one epoch with
 the new ones, instead of once more every round. The later rounds sample only what is still unsolved, so they add
 questions rather than second answers to the easy ones. Measured (bench/LEARNING.md, sessions 38-40): from the
@@ -34,7 +34,7 @@ def pool(train, cfg, exclude: set[int]) -> list[int]:
     rows = [i for i, src in enumerate(sources) if i not in exclude
             and (not prefixes or any(str(src or "").startswith(p) for p in prefixes))]
     if not rows:
-        found = sorted({str(s) for s in sources})
+        found = sorted({str(s) for s in sources if s is not None}) or ["none (the file has no data_source)"]
         raise InputError(f"rft_sources = {cfg.rft_sources!r} matches no training question outside the dev split",
                          file=cfg.train, column="data_source",
                          hint=f"the file's data_source values: {', '.join(found[:8])}")
@@ -77,6 +77,7 @@ def rounds(run, train, rows: list[int], model: str) -> str:
         tune = dataclasses.replace(run.sft, model=start, lr=cfg.rft_lr, epochs=1.0, max_steps=0, sampling="random")
         run.train_stage("sft", sft, tune, data, d / "ckpt")
         model = str(d / "ckpt")
-        run.eval_point(f"rft-{r}", model)
-        run.evaluate_transfer(f"rft-{r}", model)
+        run.eval_point(f"rft-{r:02d}", model)
+        if not cfg.dev_questions:  # with a dev split only the final checkpoint's transfer is run (run_all.main)
+            run.evaluate_transfer(f"rft-{r:02d}", model)
     return model
