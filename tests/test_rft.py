@@ -237,3 +237,20 @@ def test_a_lora_served_policy_cannot_follow_the_rounds_full_weight_checkpoints(t
                 run_all.Run(tmp_path / "run", settings, Context(quiet=True))
         else:
             assert run_all.Run(tmp_path / "run", settings, Context(quiet=True)).follow is not None
+
+
+def test_a_quick_run_with_rounds_never_samples_a_dev_question_and_finishes(tmp_path):
+    """run_all.main's wiring: the pool leaves the dev split out, and a round whose samples are all wrong (the tiny
+    random model answers nothing right) ends the rounds with a log line; the GRPO steps and evals still run."""
+    cfg = tmp_path / "rft.toml"
+    cfg.write_text("[run-all]\nsteps = 1\neval_base = false\ndev_questions = 2\nrft_rounds = 2\nrft_group_size = 1\n")
+    out = tmp_path / "run"
+    proc = atom("run-all", "--demo", "--quick", "--config", cfg, "--out", out, check=True, timeout=900)
+    dev = set(pq.read_table(out / "eval" / run_all.DEV / "questions.parquet").column("id").to_pylist())
+    sampled = pq.read_table(out / "rft" / "01" / "questions.parquet").column("id").to_pylist()
+    train = [r["id"] for r in map(__import__("json").loads, (out / "world" / "train.jsonl").read_text().splitlines())]
+    assert len(dev) == 2 and sorted(sampled) == sorted(set(train) - dev)
+    assert pq.read_table(out / "rft" / "01" / "rollouts.parquet").num_rows == len(sampled)
+    assert b"rft round 1" in proc.stderr and b"no more rounds" in proc.stderr
+    assert not (out / "rft" / "02").exists() and (out / "steps" / "0001" / "ckpt" / "config.json").exists()
+    assert (out / "summary.md").exists()
