@@ -40,7 +40,12 @@
 #      so half of what RL trains on is real text (a shuffled draw gives it a sixth)
 #  17. arms `hops4-force`, `outcome-hops4-force` (session 22): the forced answer, with training questions of
 #      every hop count (max_hops = 4, each of 1-4 every step) as in the test split, instead of 1-2 only
-#  18. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
+#  18. arms `rft`, `rft-grpo`, `lr1e4` (session 41): one rejection-sampling round on the demo training
+#      questions (every hop count, dev ones never: one sample each at the rollout temperature, the right
+#      answers kept, one epoch from the SFT checkpoint at lr 1e-4; atomcli/stages/run_rft.py) instead of the
+#      GRPO steps, the same round followed by the preset's GRPO steps, and the preset's GRPO steps at 5x the
+#      learning rate (1e-4): at 2e-5, 8 AdamW steps move the weights less than one SFT step does
+#  19. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm is a TOML layered on the current learn preset. Since session 23 the preset's evals answer at the
 # cap (the SFT eval too) and its reward is information gain with per-turn credit: the arms named for another
@@ -128,8 +133,12 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     hops4-force) printf "[aggregate-reward]\n${ATR}[run-all]\nmax_hops = 4\n[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
     outcome-hops4-force) printf "[run-all]\nmax_hops = 4\n[aggregate-reward]\n${OUTCOME}[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
     turns6) printf "[aggregate-reward]\n${ATR}[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n" ;;
+    # session 41: expert iteration on the demo world, with and without GRPO after it; GRPO at 5x the lr
+    rft) printf '[run-all]\nsteps = 0\nrft_rounds = 1\nrft_sources = "demo"\nrft_group_size = 1\n' ;;
+    rft-grpo) printf '[run-all]\nrft_rounds = 1\nrft_sources = "demo"\nrft_group_size = 1\n' ;;
+    lr1e4) printf '[grpo-step]\nlr = 0.0001\n' ;;
     hf) printf "[aggregate-reward]\n${ATR}[run-all]\njudge = \"hf:smollm2\"\n" ;;
-    *) echo "unknown arm $1 (valid: learn, fused, outcome, fused-skip, ig-turn, ig-turn-const, real-mix, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, hops4-force, outcome-hops4-force, turns6, hf)" >&2; exit 2 ;;
+    *) echo "unknown arm $1 (valid: learn, fused, outcome, fused-skip, ig-turn, ig-turn-const, real-mix, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, hops4-force, outcome-hops4-force, turns6, rft, rft-grpo, lr1e4, hf)" >&2; exit 2 ;;
   esac
 }
 
@@ -200,7 +209,8 @@ done
 
 # the table of LEARNING.md: every arm's evals against the shared SFT eval
 for arm in $ARMS; do
-  for rep in "$RUNS/$arm"/eval/step-*.json; do
+  for rep in "$RUNS/$arm"/eval/step-*.json "$RUNS/$arm"/eval/rft-*.json; do
+    [[ -e $rep ]] || continue
     "$PY" - "$arm" "$rep" <<'EOF'
 import json, sys
 arm, path = sys.argv[1], sys.argv[2]

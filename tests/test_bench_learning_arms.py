@@ -11,6 +11,7 @@ from atomcli.stages import run_all
 from atomcli.stages.aggregate_reward import AggregateConfig, check
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "learning.sh"
+PRESET_REWARD = {"learn", "rft", "rft-grpo", "lr1e4"}  # arms that keep the learn preset's reward
 
 
 def _arm_functions() -> str:
@@ -41,7 +42,7 @@ def test_each_arm_is_a_valid_config_with_the_reward_its_name_says(arm):
     settings = _arm_settings(arm)
     agg = cfgmod.build(AggregateConfig, settings["aggregate-reward"], source="[aggregate-reward]")
     check(agg)  # e.g. --no-atr with process = "ig" would be refused here
-    if arm == "learn":  # the preset as it is: information gain, per-turn credit, constant weight
+    if arm in PRESET_REWARD:  # the preset's reward: information gain, per-turn credit, constant weight
         assert (agg.process, agg.credit, agg.schedule) == ("ig", "turn", "constant")
     elif arm.startswith("ig-turn"):
         assert (agg.process, agg.credit) == ("ig", "turn")
@@ -50,6 +51,20 @@ def test_each_arm_is_a_valid_config_with_the_reward_its_name_says(arm):
         assert (agg.process, agg.credit) == ("none", "trajectory")
     else:  # the fused arms of sessions 13-22: Atom-Searcher's ATR with its linear schedule
         assert (agg.process, agg.credit, agg.schedule) == ("atr", "trajectory", "linear")
+
+
+def test_the_session_41_arms_change_what_their_names_say():
+    learn = run_all.LEARN
+    rft, rft_grpo, lr = (_arm_settings(a) for a in ("rft", "rft-grpo", "lr1e4"))
+    for arm in (rft, rft_grpo):  # one round on the demo questions, one sample each
+        assert (arm["run-all"]["rft_rounds"], arm["run-all"]["rft_sources"], arm["run-all"]["rft_group_size"]) == \
+            (1, "demo", 1)
+        assert arm["grpo-step"] == learn["grpo-step"]
+    assert rft["run-all"]["steps"] == 0 and rft_grpo["run-all"]["steps"] == learn["run-all"]["steps"] > 0
+    assert lr["grpo-step"]["lr"] == 1e-4 == 5 * learn["grpo-step"]["lr"]
+    assert lr["run-all"] == learn["run-all"]
+    for arm in (rft, rft_grpo, lr):  # each a run-all config that validates
+        cfgmod.build(run_all.RunAllConfig, arm["run-all"], source="[run-all]")
 
 
 def test_an_unknown_arm_is_refused_with_the_valid_ones():
