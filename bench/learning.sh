@@ -103,41 +103,44 @@ fi
 # named for the reward they measured, say it explicitly so that their names keep their meaning
 ATR='process = "atr"\ncredit = "trajectory"\nschedule = "linear"\n'      # Atom-Searcher's fused reward
 OUTCOME='process = "none"\ncredit = "trajectory"\nschedule = "linear"\n'  # DeepResearcher's F1-only reward
+# Since session 41 the preset trains with one rejection-sampling round and no GRPO steps; the GRPO arms run the
+# preset's 8 GRPO steps from the SFT checkpoint without the round, as they did before (sessions 13-40)
+GRPO='steps = 8\nrft_rounds = 0\n'
 arm_config() {  # arm -> the TOML layered on the learn preset
   case "$1" in
-    learn)   echo "" ;;   # the preset as it is (session 23: information gain, per-turn credit, forced eval answer)
-    fused)   printf "[aggregate-reward]\n${ATR}" ;;
-    outcome) printf "[aggregate-reward]\n${OUTCOME}" ;;
-    fused-skip) printf "[aggregate-reward]\n${ATR}flat_outcome = \"skip\"\n" ;;
-    real-mix) printf "[aggregate-reward]\n${ATR}[run-all]\ncurriculum = \"sources\"\n" ;;
-    ig-turn-const) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\nschedule = "constant"\n[score-ig]\nprecision = "bf16"\n' ;;
-    ig-turn) printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\nschedule = "linear"\n[score-ig]\nprecision = "bf16"\n' ;;
-    t07-fused-skip) printf "[aggregate-reward]\n${ATR}flat_outcome = \"skip\"\n[rollout]\ntemperature = 0.7\n" ;;
-    t07-outcome) printf "[aggregate-reward]\n${OUTCOME}[rollout]\ntemperature = 0.7\n" ;;
-    fused-kl) printf "[aggregate-reward]\n${ATR}[grpo-step]\nlr = 1e-05\nbeta = 0.04\n" ;;
-    fused-mask) printf "[aggregate-reward]\n${ATR}truncated = \"mask\"\n" ;;
-    fused-fail) printf "[aggregate-reward]\n${ATR}truncated = \"fail\"\n" ;;
+    learn)   echo "" ;;   # the preset as it is (session 41: SFT, one rejection-sampling round, no GRPO steps)
+    fused)   printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}" ;;
+    outcome) printf "[run-all]\n${GRPO}[aggregate-reward]\n${OUTCOME}" ;;
+    fused-skip) printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}flat_outcome = \"skip\"\n" ;;
+    real-mix) printf "[aggregate-reward]\n${ATR}[run-all]\n${GRPO}curriculum = \"sources\"\n" ;;
+    ig-turn-const) printf '[run-all]\nsteps = 8\nrft_rounds = 0\n[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\nschedule = "constant"\n[score-ig]\nprecision = "bf16"\n' ;;
+    ig-turn) printf '[run-all]\nsteps = 8\nrft_rounds = 0\n[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\nschedule = "linear"\n[score-ig]\nprecision = "bf16"\n' ;;
+    t07-fused-skip) printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}flat_outcome = \"skip\"\n[rollout]\ntemperature = 0.7\n" ;;
+    t07-outcome) printf "[run-all]\n${GRPO}[aggregate-reward]\n${OUTCOME}[rollout]\ntemperature = 0.7\n" ;;
+    fused-kl) printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}[grpo-step]\nlr = 1e-05\nbeta = 0.04\n" ;;
+    fused-mask) printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}truncated = \"mask\"\n" ;;
+    fused-fail) printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}truncated = \"fail\"\n" ;;
     # session 19: the three changes session 18 left for next, together (fail rule, 1-2 hops, each hop count
     # every step, cooler sampling), with the fused reward and with the outcome alone (the ablation)
-    fail-t07-bal) printf "[run-all]\nmax_hops = 2\ncurriculum = \"balanced\"\n[aggregate-reward]\n${ATR}truncated = \"fail\"\n[rollout]\ntemperature = 0.7\n" ;;
-    outcome-fail-t07-bal) printf "[run-all]\nmax_hops = 2\ncurriculum = \"balanced\"\n[aggregate-reward]\n${OUTCOME}truncated = \"fail\"\n[rollout]\ntemperature = 0.7\n" ;;
+    fail-t07-bal) printf "[run-all]\n${GRPO}max_hops = 2\ncurriculum = \"balanced\"\n[aggregate-reward]\n${ATR}truncated = \"fail\"\n[rollout]\ntemperature = 0.7\n" ;;
+    outcome-fail-t07-bal) printf "[run-all]\n${GRPO}max_hops = 2\ncurriculum = \"balanced\"\n[aggregate-reward]\n${OUTCOME}truncated = \"fail\"\n[rollout]\ntemperature = 0.7\n" ;;
     # session 20: the preset with the environment's note before the last turn (rollouts and evals):
     # the policy can read the turn budget instead of being cut off by it
-    note) printf "[aggregate-reward]\n${ATR}[rollout]\nlast_turn_note = true\n" ;;
-    outcome-note) printf "[aggregate-reward]\n${OUTCOME}[rollout]\nlast_turn_note = true\n" ;;
+    note) printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}[rollout]\nlast_turn_note = true\n" ;;
+    outcome-note) printf "[run-all]\n${GRPO}[aggregate-reward]\n${OUTCOME}[rollout]\nlast_turn_note = true\n" ;;
     # a last turn that still calls a tool is followed by a forced answer turn (no sample ends unanswered)
-    force) printf "[aggregate-reward]\n${ATR}[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
-    outcome-force) printf "[aggregate-reward]\n${OUTCOME}[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
+    force) printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
+    outcome-force) printf "[run-all]\n${GRPO}[aggregate-reward]\n${OUTCOME}[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
     # session 22: the forced answer, and training questions of every hop count like the test split's
     # (each hop count 1-4 every step): the prior on stopping that GRPO learns is the one the test mix needs
-    hops4-force) printf "[aggregate-reward]\n${ATR}[run-all]\nmax_hops = 4\n[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
-    outcome-hops4-force) printf "[run-all]\nmax_hops = 4\n[aggregate-reward]\n${OUTCOME}[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
-    turns6) printf "[aggregate-reward]\n${ATR}[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n" ;;
+    hops4-force) printf "[aggregate-reward]\n${ATR}[run-all]\n${GRPO}max_hops = 4\n[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
+    outcome-hops4-force) printf "[run-all]\n${GRPO}max_hops = 4\n[aggregate-reward]\n${OUTCOME}[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
+    turns6) printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n" ;;
     # session 41: expert iteration on the demo world, with and without GRPO after it; GRPO at 5x the lr
     rft) printf '[run-all]\nsteps = 0\nrft_rounds = 1\nrft_sources = "demo"\nrft_group_size = 1\n' ;;
-    rft-grpo) printf '[run-all]\nrft_rounds = 1\nrft_sources = "demo"\nrft_group_size = 1\n' ;;
-    lr1e4) printf '[grpo-step]\nlr = 0.0001\n' ;;
-    hf) printf "[aggregate-reward]\n${ATR}[run-all]\njudge = \"hf:smollm2\"\n" ;;
+    rft-grpo) printf '[run-all]\nsteps = 8\nrft_rounds = 1\nrft_sources = "demo"\nrft_group_size = 1\n' ;;
+    lr1e4) printf '[run-all]\nsteps = 8\nrft_rounds = 0\n[grpo-step]\nlr = 0.0001\n' ;;
+    hf) printf "[aggregate-reward]\n${ATR}[run-all]\n${GRPO}judge = \"hf:smollm2\"\n" ;;
     *) echo "unknown arm $1 (valid: learn, fused, outcome, fused-skip, ig-turn, ig-turn-const, real-mix, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, hops4-force, outcome-hops4-force, turns6, rft, rft-grpo, lr1e4, hf)" >&2; exit 2 ;;
   esac
 }

@@ -53,18 +53,20 @@ def test_each_arm_is_a_valid_config_with_the_reward_its_name_says(arm):
         assert (agg.process, agg.credit, agg.schedule) == ("atr", "trajectory", "linear")
 
 
-def test_the_session_41_arms_change_what_their_names_say():
+@pytest.mark.parametrize("arm", _arms())
+def test_each_arm_trains_with_what_its_name_says(arm):
+    # since session 41 the preset is one rejection-sampling round and no GRPO steps; every GRPO arm runs
+    # 8 steps from the SFT checkpoint without the round, as before
     learn = run_all.LEARN
-    rft, rft_grpo, lr = (_arm_settings(a) for a in ("rft", "rft-grpo", "lr1e4"))
-    for arm in (rft, rft_grpo):  # one round on the demo questions, one sample each
-        assert (arm["run-all"]["rft_rounds"], arm["run-all"]["rft_sources"], arm["run-all"]["rft_group_size"]) == \
-            (1, "demo", 1)
-        assert arm["grpo-step"] == learn["grpo-step"]
-    assert rft["run-all"]["steps"] == 0 and rft_grpo["run-all"]["steps"] == learn["run-all"]["steps"] > 0
-    assert lr["grpo-step"]["lr"] == 1e-4 == 5 * learn["grpo-step"]["lr"]
-    assert lr["run-all"] == learn["run-all"]
-    for arm in (rft, rft_grpo, lr):  # each a run-all config that validates
-        cfgmod.build(run_all.RunAllConfig, arm["run-all"], source="[run-all]")
+    ra = cfgmod.build(run_all.RunAllConfig, _arm_settings(arm)["run-all"], source="[run-all]")
+    if arm in ("learn", "rft"):
+        assert (ra.steps, ra.rft_rounds, ra.rft_sources, ra.rft_group_size) == (0, 1, "demo", 1)
+    elif arm == "rft-grpo":
+        assert (ra.steps, ra.rft_rounds, ra.rft_sources) == (8, 1, "demo")
+    else:
+        assert (ra.steps, ra.rft_rounds) == (8, 0)
+    lr = _arm_settings(arm)["grpo-step"]["lr"]
+    assert lr == {"lr1e4": 1e-4, "fused-kl": 1e-5}.get(arm, learn["grpo-step"]["lr"])
 
 
 def test_an_unknown_arm_is_refused_with_the_valid_ones():
