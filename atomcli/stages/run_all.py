@@ -292,8 +292,9 @@ DEMO = {
 # (steps = 0; the GRPO settings below apply when a config sets steps). The round samples one answer at 0.7 to
 # each of the 350 training questions outside the dev split (every hop count), keeps the 112 right ones and
 # tunes the SFT checkpoint one epoch on them at lr 1e-4: test F1 0.513 -> 0.638, +0.125 [+0.067, +0.190]
-# (every hop count up, 4-hop 0 -> 0.15), dev +0.248, in 43 minutes after the SFT. Eight GRPO steps at lr
-# 2e-5 moved the weights 0.02% (the SFT 0.8%) and never beat the SFT on this machine (sessions 13-40).
+# (every hop count up, 4-hop 0 -> 0.15), dev +0.248, in 39 minutes after the SFT. Four GRPO steps at lr
+# 2e-5 moved the weights 0.023% (the SFT 0.8%, session 40); GRPO cleared the bar once (session 24,
+# dev-chosen step 5) in a 160-minute run, and no faster variant did (sessions 25-40).
 LEARN = {
     "run-all": {"steps": 0, "questions_per_step": 8, "eval_limit": 0, "eval_every": 4, "eval_base": False,
                 "judge": "heuristic", "curriculum": "balanced", "max_hops": 2, "world_style": "stepwise",
