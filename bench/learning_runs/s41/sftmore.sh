@@ -5,7 +5,7 @@
 set -uo pipefail
 cd /work/main
 export HF_HUB_OFFLINE=1 THP_MEM_ALLOC_ENABLE=1
-while pgrep -f "rft_arm.sh|s41/learn.sh" >/dev/null; do sleep 20; done
+while pgrep -f "rft_arm.sh|s41/learn.sh|pytest" >/dev/null; do sleep 10; done
 A=.venv/bin/atom; R=runs/s41/sftmore; S=runs/s40/learn; CFG=runs/s41/learn_eval.toml
 mkdir -p $R
 echo "sft start $(date +%H:%M:%S)"
