@@ -44,7 +44,7 @@
 #      questions (every hop count, dev ones never: one sample each at the rollout temperature, the right
 #      answers kept, one epoch from the SFT checkpoint at lr 1e-4; atomcli/stages/run_rft.py) instead of the
 #      GRPO steps, the same round followed by the preset's GRPO steps, and the preset's GRPO steps at 5x the
-#      learning rate (1e-4): at 2e-5, 8 AdamW steps move the weights less than one SFT step does
+#      learning rate (1e-4): at 2e-5, 4 AdamW steps moved the weights 0.023%, the 40-step SFT 0.80%
 #  19. (optional) arm `hf`: the fused reward with the hf:smollm2 judge
 #
 # Every arm is a TOML layered on the current learn preset. Since session 23 the preset's evals answer at the
@@ -106,6 +106,7 @@ OUTCOME='process = "none"\ncredit = "trajectory"\nschedule = "linear"\n'  # Deep
 # Since session 41 the preset trains with one rejection-sampling round and no GRPO steps; the GRPO arms run the
 # preset's 8 GRPO steps from the SFT checkpoint without the round, as they did before (sessions 13-40)
 GRPO='steps = 8\nrft_rounds = 0\n'
+ROUND='rft_rounds = 1\nrft_sources = "demo"\nrft_group_size = 1\n'   # the preset's round (session 41)
 arm_config() {  # arm -> the TOML layered on the learn preset
   case "$1" in
     learn)   echo "" ;;   # the preset as it is (session 41: SFT, one rejection-sampling round, no GRPO steps)
@@ -113,8 +114,8 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     outcome) printf "[run-all]\n${GRPO}[aggregate-reward]\n${OUTCOME}" ;;
     fused-skip) printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}flat_outcome = \"skip\"\n" ;;
     real-mix) printf "[aggregate-reward]\n${ATR}[run-all]\n${GRPO}curriculum = \"sources\"\n" ;;
-    ig-turn-const) printf '[run-all]\nsteps = 8\nrft_rounds = 0\n[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\nschedule = "constant"\n[score-ig]\nprecision = "bf16"\n' ;;
-    ig-turn) printf '[run-all]\nsteps = 8\nrft_rounds = 0\n[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\nschedule = "linear"\n[score-ig]\nprecision = "bf16"\n' ;;
+    ig-turn-const) printf "[run-all]\n${GRPO}"; printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\nschedule = "constant"\n[score-ig]\nprecision = "bf16"\n' ;;
+    ig-turn) printf "[run-all]\n${GRPO}"; printf '[aggregate-reward]\nprocess = "ig"\ncredit = "turn"\nschedule = "linear"\n[score-ig]\nprecision = "bf16"\n' ;;
     t07-fused-skip) printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}flat_outcome = \"skip\"\n[rollout]\ntemperature = 0.7\n" ;;
     t07-outcome) printf "[run-all]\n${GRPO}[aggregate-reward]\n${OUTCOME}[rollout]\ntemperature = 0.7\n" ;;
     fused-kl) printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}[grpo-step]\nlr = 1e-05\nbeta = 0.04\n" ;;
@@ -137,9 +138,9 @@ arm_config() {  # arm -> the TOML layered on the learn preset
     outcome-hops4-force) printf "[run-all]\n${GRPO}max_hops = 4\n[aggregate-reward]\n${OUTCOME}[rollout]\nlast_turn_note = true\nforce_answer = true\n" ;;
     turns6) printf "[run-all]\n${GRPO}[aggregate-reward]\n${ATR}[rollout]\nmax_turns = 6\n[eval]\nmax_turns = 6\n" ;;
     # session 41: expert iteration on the demo world, with and without GRPO after it; GRPO at 5x the lr
-    rft) printf '[run-all]\nsteps = 0\nrft_rounds = 1\nrft_sources = "demo"\nrft_group_size = 1\n' ;;
-    rft-grpo) printf '[run-all]\nsteps = 8\nrft_rounds = 1\nrft_sources = "demo"\nrft_group_size = 1\n' ;;
-    lr1e4) printf '[run-all]\nsteps = 8\nrft_rounds = 0\n[grpo-step]\nlr = 0.0001\n' ;;
+    rft) printf "[run-all]\nsteps = 0\n${ROUND}" ;;
+    rft-grpo) printf "[run-all]\nsteps = 8\n${ROUND}" ;;
+    lr1e4) printf "[run-all]\n${GRPO}[grpo-step]\nlr = 0.0001\n" ;;
     hf) printf "[aggregate-reward]\n${ATR}[run-all]\n${GRPO}judge = \"hf:smollm2\"\n" ;;
     *) echo "unknown arm $1 (valid: learn, fused, outcome, fused-skip, ig-turn, ig-turn-const, real-mix, t07-fused-skip, t07-outcome, fused-kl, fused-mask, fused-fail, fail-t07-bal, outcome-fail-t07-bal, note, outcome-note, force, outcome-force, hops4-force, outcome-hops4-force, turns6, rft, rft-grpo, lr1e4, hf)" >&2; exit 2 ;;
   esac

@@ -57,16 +57,15 @@ def test_each_arm_is_a_valid_config_with_the_reward_its_name_says(arm):
 def test_each_arm_trains_with_what_its_name_says(arm):
     # since session 41 the preset is one rejection-sampling round and no GRPO steps; every GRPO arm runs
     # 8 steps from the SFT checkpoint without the round, as before
-    learn = run_all.LEARN
-    ra = cfgmod.build(run_all.RunAllConfig, _arm_settings(arm)["run-all"], source="[run-all]")
+    learn, settings = run_all.LEARN, _arm_settings(arm)
+    ra = cfgmod.build(run_all.RunAllConfig, settings["run-all"], source="[run-all]")
     if arm in ("learn", "rft"):
         assert (ra.steps, ra.rft_rounds, ra.rft_sources, ra.rft_group_size) == (0, 1, "demo", 1)
     elif arm == "rft-grpo":
         assert (ra.steps, ra.rft_rounds, ra.rft_sources) == (8, 1, "demo")
     else:
         assert (ra.steps, ra.rft_rounds) == (8, 0)
-    lr = _arm_settings(arm)["grpo-step"]["lr"]
-    assert lr == {"lr1e4": 1e-4, "fused-kl": 1e-5}.get(arm, learn["grpo-step"]["lr"])
+    assert settings["grpo-step"]["lr"] == {"lr1e4": 1e-4, "fused-kl": 1e-5}.get(arm, learn["grpo-step"]["lr"])
 
 
 def test_an_unknown_arm_is_refused_with_the_valid_ones():
