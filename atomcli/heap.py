@@ -130,6 +130,33 @@ class Guard(threading.Thread):
 guard: Guard | None = None  # the running guard, once retain() has started it
 
 
+def resident_mb() -> float | None:
+    """The process's resident size in MB (VmRSS), or None where /proc has none."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def release() -> tuple[float | None, float | None]:
+    """Hand the heap's free pages back now (`malloc_trim(0)` after a garbage collection); (resident MB before,
+    after). run-all calls it after each training stage: the stage's freed activations and logits leave a heap of
+    holes sized for training batches, which the sampling that follows does not need (a run-all process ran the
+    same rollouts 15-70% slower after its SFT than a fresh process, LEARNING.md session 41; whether this is why
+    is measured in session 42)."""
+    import gc
+    before = resident_mb()
+    gc.collect()
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+    return before, resident_mb()
+
+
 def retain() -> bool:
     """Serve all allocations from glibc's heap, never trim it on free, and start the guard that trims it while
     memory is short (module docstring); True if that was set."""

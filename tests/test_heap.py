@@ -151,3 +151,29 @@ def test_the_guard_backs_off_while_trims_leave_memory_short(monkeypatch):
     shares = iter([0.5])        # not short: no trim
     assert guard.tick(4.0) == 0.5
     assert guard.libc.trims == guard.trims == 4
+
+
+# under `retain` with no guard (reserve 0) a freed 256 MiB block stays resident until `release()` hands it back
+RELEASE_PROBE = r"""
+import ctypes, json
+from atomcli import heap
+heap.retain()
+libc = heap._glibc()
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+size = 256 << 20
+p = libc.malloc(size)
+ctypes.memset(p, 1, size)
+libc.free(p)
+before, after = heap.release()
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+@needs_glibc
+def test_release_hands_a_kept_heap_back_at_once():
+    """run-all calls release() after a training stage (the stage's heap of holes is of no use to sampling)."""
+    env = dict(os.environ, **{heap.ENV: heap.RETAIN, heap.RESERVE_ENV: "0"})
+    out = subprocess.run([sys.executable, "-c", RELEASE_PROBE], env=env, capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout)
+    assert got["before"] - got["after"] >= 200  # MB: the freed block left the process

@@ -541,6 +541,19 @@ def test_held_out_dev_questions_are_never_drawn_by_a_step():
     assert len(run_all.held_out(plan, len(hops), 1000)) == 100 - len(drawn)
 
 
+def test_held_out_dev_questions_are_never_sft_questions():
+    # session 41: the learn preset's first 50 training questions were all among its expert SFT rows
+    import pyarrow as pa
+    train = pa.table({"id": [f"q{i}" for i in range(10)]})
+    sft_data = pa.table({"id": ["q0", "q1", "q2", "q7", "q7", "other"]})
+    seen = run_all.sft_rows(train, sft_data)
+    assert seen == {0, 1, 2, 7}
+    assert run_all.held_out([[3]], 10, 4, seen) == [4, 5, 6, 8]
+    assert run_all.held_out([[3]], 10, 4) == [0, 1, 2, 4]  # without the SFT data: file order, as before
+    assert run_all.held_out([], 10, 100, seen) == [3, 4, 5, 6, 8, 9]  # too few: run-all refuses (below)
+    assert run_all.sft_rows(train, pa.table({"question": ["x"]})) == frozenset()  # no ids to match
+
+
 def _fake_reports(out: Path, split: str, f1: dict) -> None:
     (out / "eval" / split).mkdir(parents=True, exist_ok=True)
     for name, v in f1.items():
@@ -574,6 +587,8 @@ def test_dev_split_is_evaluated_at_every_eval_point_and_keeps_their_checkpoints(
     drawn = {i for t in (1, 2) for i in
              tableio.read_table(str(out / "steps" / f"{t:04d}" / "questions.parquet")).column("id").to_pylist()}
     assert len(dev) == 3 and not drawn & set(dev)
+    sft_ids = set(tableio.read_table(str(out / "world" / "sft.parquet")).column("id").to_pylist())
+    assert sft_ids and not sft_ids & set(dev)  # the dev split is held out from the SFT too
     final = json.loads((out / run_all.FINAL_FILE).read_text())
     assert {c["name"] for c in final["candidates"]} == names
     best = max(c["dev_f1"] for c in final["candidates"])

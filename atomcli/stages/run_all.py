@@ -198,15 +198,27 @@ def plan_questions(hops: list[int], steps: int, per_step: int, curriculum: str, 
     return plan
 
 
-def held_out(plan: list[list[int]], n_rows: int, n: int) -> list[int]:
+def held_out(plan: list[list[int]], n_rows: int, n: int, avoid: frozenset[int] = frozenset()) -> list[int]:
     """Row indices of the dev questions: the first n training questions (file order) that no step of
-    the plan draws, whatever their hop count (max_hops does not apply: the dev split stands for the
-    test, which keeps every hop count). A pure function of the plan, so resume finds the same ones.
+    the plan draws and that are not in `avoid` (the rows whose questions the SFT data answers), whatever
+    their hop count (max_hops does not apply: the dev split stands for the test, which keeps every hop
+    count). A pure function of its inputs, so resume finds the same ones.
     Why: the last step's checkpoint is one point of a noisy walk (4 questions a step); the eval
     points are scored on these unseen training questions and the best one is the run's final
-    checkpoint, without looking at the test split (LEARNING.md, session 24)."""
+    checkpoint, without looking at the test split (LEARNING.md, session 24). The SFT's questions are
+    left out since session 42: the first 50 training questions of the demo world are all among its 200
+    expert SFT rows, so a dev split drawn from them scored how well a checkpoint remembers its SFT
+    (the expert-rows control: dev +0.267 with test -0.020, LEARNING.md session 41)."""
     drawn = {i for step in plan for i in step}
-    return [i for i in range(n_rows) if i not in drawn][:n]
+    return [i for i in range(n_rows) if i not in drawn and i not in avoid][:n]
+
+
+def sft_rows(train, sft_data) -> frozenset[int]:
+    """Rows of `train` whose question id the SFT data (a table with an `id` column) holds."""
+    if sft_data is None or "id" not in sft_data.column_names or "id" not in train.column_names:
+        return frozenset()
+    seen = set(sft_data.column("id").to_pylist())
+    return frozenset(i for i, q in enumerate(train.column("id").to_pylist()) if q in seen)
 
 
 def _balanced(hops: list, order: list[int], tiers: list, steps: int, per_step: int) -> list[list[int]]:
@@ -314,8 +326,8 @@ LEARN = {
 # GRPO steps are left out: from this SFT they moved transfer by less than the draw (sessions 31-35). Several hours
 # on 2 CPU cores (the SFT alone about an hour); not yet measured as one run.
 REAL = {
-    "run-all": {"steps": 0, "eval_limit": 0, "eval_base": False, "world_style": "stepwise-real",
-                "rft_rounds": 2, "rft_group_size": 2, "rft_sources": "sqlite", "rft_lr": 1e-4},
+    "run-all": {"steps": 0, "eval_limit": 50, "eval_base": False, "world_style": "stepwise-real",
+                "rft_rounds": 2, "rft_group_size": 1, "rft_sources": "sqlite", "rft_lr": 1e-4},
     "sft": {**DEMO["sft"], "max_steps": 0, "epochs": 1.0, "lr": 2e-4, "precision": "bf16", "sampling": "length"},
     "rollout": {**DEMO["rollout"], "group_size": 8, "temperature": 0.7, "precision": "bf16", "batch_size": 50,
                 "search_options": "snippets=query"},
@@ -476,6 +488,10 @@ class Run:
         self.log(f"{stage} ({cfg.model}) -> {out.relative_to(self.out)}")
         envelope.table_to_checkpoint(stage, mod, cfg, str(inp), str(out), self.ctx)
         self.ctx.forget_models()
+        from atomcli import heap
+        before, after = heap.release()  # the training heap's holes are of no use to the sampling that follows
+        if before is not None and after is not None:
+            self.log(f"heap released after {stage}: resident {before:,.0f} -> {after:,.0f} MB")
 
     def grpo_stage(self, t: int, cfg, inp: Path, out: Path) -> dict:
         """grpo-step on the resident policy (atomcli.train.resident): it continues in memory, and its
@@ -636,11 +652,13 @@ def main(*, out: str, config_file: str | None, demo: bool, quick: bool, resume: 
     per_step = cfg.questions_per_step * (1 + cfg.dynamic_sampling)
     plan = plan_questions(question_hops(train), cfg.steps, per_step, cfg.curriculum, cfg.seed,
                           cfg.curriculum_levels, cfg.max_hops, question_sources(train))
-    dev_rows = held_out(plan, train.num_rows, cfg.dev_questions)
+    # the dev split is never a question the SFT data answers (held_out says why)
+    seen = sft_rows(train, run.read(Path(cfg.sft_data))) if cfg.dev_questions and cfg.sft_data else frozenset()
+    dev_rows = held_out(plan, train.num_rows, cfg.dev_questions, seen)
     if cfg.dev_questions and len(dev_rows) < cfg.dev_questions:
         raise InputError(f"dev_questions = {cfg.dev_questions}, but only {len(dev_rows)} training questions are "
-                         f"left once the {cfg.steps} steps have drawn theirs", file=cfg.train,
-                         hint="lower [run-all] dev_questions, or give more training questions")
+                         f"left once the {cfg.steps} steps and the SFT data ({len(seen)}) have taken theirs",
+                         file=cfg.train, hint="lower [run-all] dev_questions, or give more training questions")
     from atomcli.stages import run_rft
     rft_pool = run_rft.pool(train, cfg, exclude=set(dev_rows)) if cfg.rft_rounds else []
     # only once the inputs are known good: a refused run leaves the folder empty, so fixing
