@@ -322,12 +322,16 @@ LEARN = {
 # benchmark's passages, training questions and expert trajectories) with snippets led by the sentences holding the
 # query's words, one SFT epoch over its 603 rows, then two rejection-sampling rounds on the 484 real training
 # questions (atomcli/stages/run_rft.py). Measured outside run-all as separate commands (LEARNING.md, sessions 35-40):
-# the SFT 0.228 and 0.248 on the SQLite test split (seeds 0 and 1), the rounds from seed 1's 0.273 and 0.300.
-# GRPO steps are left out: from this SFT they moved transfer by less than the draw (sessions 31-35). Several hours
-# on 2 CPU cores (the SFT alone about an hour); not yet measured as one run.
+# the SFT 0.228 and 0.248 on the SQLite test split (seeds 0 and 1), the rounds from seed 1's 0.273 and 0.300, with
+# two samples a question. Measured as one run (session 42, seed 0, 148 minutes) with one sample a question: the SFT
+# 0.254, round 1 0.204, round 2 0.220 (the rounds kept 174 1-hop and 7 2-hop answers, 179 of 181 with one search,
+# and the policy dropped its second searches),
+# so the rounds sample two answers a question again (about 170 minutes on 2 CPU cores; the SFT alone 64). The demo
+# test evals use its first 50 questions. GRPO steps are left out: from this SFT they moved transfer by less than the
+# draw (sessions 31-35).
 REAL = {
     "run-all": {"steps": 0, "eval_limit": 50, "eval_base": False, "world_style": "stepwise-real",
-                "rft_rounds": 2, "rft_group_size": 1, "rft_sources": "sqlite", "rft_lr": 1e-4},
+                "rft_rounds": 2, "rft_group_size": 2, "rft_sources": "sqlite", "rft_lr": 1e-4},
     "sft": {**DEMO["sft"], "max_steps": 0, "epochs": 1.0, "lr": 2e-4, "precision": "bf16", "sampling": "length"},
     "rollout": {**DEMO["rollout"], "group_size": 8, "temperature": 0.7, "precision": "bf16", "batch_size": 50,
                 "search_options": "snippets=query"},
