@@ -146,8 +146,8 @@ def release() -> tuple[float | None, float | None]:
     """Hand the heap's free pages back now (`malloc_trim(0)` after a garbage collection); (resident MB before,
     after). run-all calls it after each training stage: the stage's freed activations and logits leave a heap of
     holes sized for training batches, which the sampling that follows does not need (a run-all process ran the
-    same rollouts 15-70% slower after its SFT than a fresh process, LEARNING.md session 41; whether this is why
-    is measured in session 42)."""
+    same rollouts 15-70% slower after its SFT than a fresh process, LEARNING.md session 41; with this call the
+    rollout after the SFT took the same time as in a fresh process, side by side, session 42)."""
     import gc
     before = resident_mb()
     gc.collect()
