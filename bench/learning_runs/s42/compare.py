@@ -23,7 +23,7 @@ def load(p: Path) -> dict:
 
 def main(run: Path) -> None:
     points = sorted((run / "eval" / "transfer").glob("*.json"), key=lambda p: (p.stem != "sft", p.stem))
-    reports = {p.stem: load(p) for p in points if "per_question" in load(p)}
+    reports = {p.stem: rep for p in points if "per_question" in (rep := load(p))}
     refs = {name: load(p) for name, p in BASELINES.items()}
     if "sft" in reports:
         refs["the run's SFT"] = reports["sft"]
