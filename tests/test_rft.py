@@ -174,6 +174,28 @@ def test_rounds_sample_the_unsolved_real_questions_and_fine_tune_the_sft_checkpo
     assert [c for c in third.calls if c[0] in ("rollout", "sft")] == [calls[4], calls[5]]
 
 
+def test_replay_mixes_a_seeded_draw_of_the_expert_rows_into_every_round_tune(tmp_path):
+    expert = [{"id": f"e{i}", "traj_id": f"e{i}/x", "data_source": "demo_2hop",
+               "messages": [{"role": "user", "content": f"e{i}"}, {"role": "assistant", "content": "<answer>x</answer>"}]}
+              for i in range(3)]
+    pq.write_table(pa.Table.from_pylist(expert), tmp_path / "sft.parquet")
+    run = FakeRun(tmp_path, rounds=2)
+    run.cfg = dataclasses.replace(run.cfg, rft_replay=1.0, sft_data=str(tmp_path / "sft.parquet"))
+    run_rft.rounds(run, _train(tmp_path), [3, 4, 5, 6, 7, 8], "SFT")
+    tunes = [c[-1] for c in run.calls if c[0] == "sft"]
+    # round 1 kept s0, s1: two expert rows; round 2 kept s2, s3 more: four kept rows, all three expert rows
+    assert tunes[0][:2] == ["s0/1/1", "s1/1/1"] and len(tunes[0]) == 4
+    assert set(tunes[0][2:]) < {"e0/x", "e1/x", "e2/x"}
+    assert tunes[1][:4] == ["s0/1/1", "s1/1/1", "s2/1/2", "s3/1/2"] and sorted(tunes[1][4:]) == ["e0/x", "e1/x", "e2/x"]
+    mixed = pq.read_table(tmp_path / "rft" / "01" / "tune.parquet")
+    assert mixed.column("messages").to_pylist()[2][1]["content"] == "<answer>x</answer>"
+    assert mixed.column("answer").to_pylist()[2:] == [None, None]  # the expert's rows keep only what sft reads
+    # the draw is seeded (the run's seed plus the round), so a resumed run tunes on the same rows
+    again = run_rft.replay(pq.read_table(tmp_path / "rft" / "01" / "rows.parquet"), pa.Table.from_pylist(expert),
+                           1.0, seed=run.cfg.seed)
+    assert again.column("traj_id").to_pylist() == tunes[0]
+
+
 def test_with_a_dev_split_the_rounds_leave_transfer_to_the_final_checkpoint(tmp_path):
     run = FakeRun(tmp_path, rounds=1)
     run.cfg.dev_questions = 1
@@ -214,7 +236,9 @@ def test_sources_that_match_no_question_are_refused_before_anything_runs(tmp_pat
 
 @pytest.mark.parametrize("extra, message", [({"rft_rounds": -1}, "rft_rounds must be >= 0, got -1"),
                                             ({"rft_group_size": 0}, "rft_group_size must be >= 1, got 0"),
-                                            ({"rft_lr": 0.0}, "rft_lr must be > 0, got 0.0")])
+                                            ({"rft_lr": 0.0}, "rft_lr must be > 0, got 0.0"),
+                                            ({"rft_replay": -0.5}, "rft_replay must be >= 0, got -0.5"),
+                                            ({"rft_replay": 1.0, "sft_data": ""}, "rft_replay draws the expert's")])
 def test_bad_round_settings_are_refused_when_the_run_is_built(tmp_path, extra, message):
     from atomcli.context import Context
     cfg = tmp_path / "c.toml"

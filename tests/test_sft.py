@@ -70,6 +70,25 @@ def test_token_columns_are_used_when_they_match_the_tokenizer(tok):
     assert how == "chat template" and ex["input_ids"][0] == sft.render_masked(msgs[0], tok)[0]
 
 
+def test_rows_without_tokens_in_a_token_table_are_rendered_and_half_filled_rows_are_refused(tok):
+    # run-all's rounds mix the expert's rows (messages only) into the policy's kept rows (token columns)
+    msgs = [messages(*f) for f in FACTS[:3]]
+    table = pa.table({"messages": schema.array("messages", msgs),
+                      "prompt_ids": schema.array("prompt_ids", [[1, 2], None, [3]]),
+                      "completion_ids": schema.array("completion_ids", [[10, 11], None, [12]]),
+                      "loss_mask": schema.array("loss_mask", [[1, 0], None, [1]])})
+    mixed = schema.with_provenance(table, "rollout", tokenizer=models.tokenizer_id(tok))
+    ex, how = sft.build_examples(mixed, tok)
+    assert how == "token columns, 1 rows by chat template"
+    assert ex["input_ids"][0] == [1, 2, 10, 11] and ex["input_ids"][2] == [3, 12]
+    assert (ex["input_ids"][1], ex["completion_mask"][1]) == sft.render_masked(msgs[1], tok)
+    half = schema.with_provenance(table.set_column(3, "loss_mask", schema.array("loss_mask", [[1, 0], [1], [1]])),
+                                  "rollout", tokenizer=models.tokenizer_id(tok))
+    with pytest.raises(InputError, match="misaligned") as e:
+        sft.build_examples(half, tok)
+    assert e.value.row == 1
+
+
 def test_min_reward_filter():
     table = pa.table({"messages": schema.array("messages", [messages(*f) for f in FACTS[:3]]),
                       "reward": [0.9, 0.2, None]})

@@ -101,6 +101,11 @@ class RunAllConfig:
     rft_sources: str = opt("", "with rft_rounds: the data_source prefixes of the training questions sampled, "
                                "comma-separated (sqlite: the real benchmark's); empty = every training question")
     rft_lr: float = opt(1e-4, "with rft_rounds: the learning rate of each round's epoch from the SFT checkpoint")
+    rft_replay: float = opt(0.0, "with rft_rounds: rows of sft_data (the expert's) mixed into each round's tune, "
+                                 "per kept row (a seeded draw without repeats, at most all of them; 1.0 = as many as "
+                                 "the kept rows), so that the tune keeps the habits the kept rows lack (session 42: "
+                                 "a tune on kept rows alone, nearly all one-search answers, halved the demo's "
+                                 "second searches); 0 = the kept rows alone")
     dynamic_sampling: int = opt(0, "DAPO's dynamic sampling: up to N extra rounds per step, each rolling out "
                                    "questions_per_step more questions; groups whose advantages are all 0 are "
                                    "dropped until the step has questions_per_step groups with signal (0 = off)")
@@ -441,7 +446,10 @@ class Run:
                              hint="drop [run-all] save_every, or train an in-process policy (a local model)")
         for bad, what in ((self.cfg.rft_rounds < 0, f"rft_rounds must be >= 0, got {self.cfg.rft_rounds}"),
                           (self.cfg.rft_group_size < 1, f"rft_group_size must be >= 1, got {self.cfg.rft_group_size}"),
-                          (self.cfg.rft_lr <= 0, f"rft_lr must be > 0, got {self.cfg.rft_lr}")):
+                          (self.cfg.rft_lr <= 0, f"rft_lr must be > 0, got {self.cfg.rft_lr}"),
+                          (self.cfg.rft_replay < 0, f"rft_replay must be >= 0, got {self.cfg.rft_replay}"),
+                          (self.cfg.rft_replay > 0 and not self.cfg.sft_data,
+                           "rft_replay draws the expert's rows from sft_data, and it is not set")):
             if bad:
                 raise InputError(f"[run-all] {what}", hint="rft_rounds = 0 turns rejection sampling off")
         if self.cfg.dev_questions < 0:

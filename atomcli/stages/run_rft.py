@@ -6,6 +6,7 @@ Round N writes rft/NN/ in the run folder:
     rollouts.parquet   rft_group_size samples of each, by the latest policy (round 1: the SFT checkpoint)
     kept.parquet       `atom rft` of those: the right, well-formed answers, at most [rft] per_question a question
     rows.parquet       the kept rows of rounds 1..N
+    tune.parquet       with rft_replay: rows.parquet plus a seeded draw of the expert's rows (sft_data)
     ckpt/              the SFT checkpoint fine-tuned for one epoch on rows.parquet at rft_lr
 
 and its checkpoint is an eval point (`rft-NN`: test and dev evals, and transfer when the run has no dev split). Each round fine-tunes from the SFT
@@ -19,6 +20,7 @@ transfer 0.248 -> 0.273 -> 0.300.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from atomcli.errors import InputError
 
@@ -39,6 +41,22 @@ def pool(train, cfg, exclude: set[int]) -> list[int]:
                          file=cfg.train, column="data_source",
                          hint=f"the file's data_source values: {', '.join(found[:8])}")
     return rows
+
+
+def replay(kept, expert, ratio: float, seed: int):
+    """The kept rows followed by round(ratio * kept) of the expert's rows (at most all), drawn without repeats in a
+    seeded order. The expert's rows keep `messages` (atom sft renders them; the kept rows train on their token
+    columns) and those of id, traj_id, data_source whose type matches the kept rows'."""
+    import random
+
+    import pyarrow as pa
+    n = min(round(ratio * kept.num_rows), expert.num_rows)
+    drawn = expert.take(sorted(random.Random(seed).sample(range(expert.num_rows), n)))
+    from atomcli import schema
+    cols = [c for c in ("id", "traj_id", "data_source") if c in drawn.column_names
+            and c in kept.column_names and drawn.schema.field(c).type == kept.schema.field(c).type]
+    rows = drawn.select(cols).append_column("messages", schema.array("messages", drawn.column("messages").to_pylist()))
+    return pa.concat_tables([kept, rows], promote_options="default")
 
 
 def rounds(run, train, rows: list[int], model: str) -> str:
@@ -73,6 +91,12 @@ def rounds(run, train, rows: list[int], model: str) -> str:
         if not data.exists():
             tables = [run.read(run.out / ROOT / f"{k:02d}" / "kept.parquet") for k in range(1, r + 1)]
             tableio.write_table(pa.concat_tables(tables, promote_options="default"), str(data))
+        if cfg.rft_replay > 0:
+            mixed = d / "tune.parquet"
+            if not mixed.exists():
+                expert = run.read(Path(cfg.sft_data), "sft")
+                tableio.write_table(replay(run.read(data), expert, cfg.rft_replay, seed=cfg.seed + r - 1), str(mixed))
+            data = mixed
         # one epoch in a seeded random order, as measured (sessions 38-40); the [sft] section's other settings
         tune = dataclasses.replace(run.sft, model=start, lr=cfg.rft_lr, epochs=1.0, max_steps=0, sampling="random")
         run.train_stage("sft", sft, tune, data, d / "ckpt")

@@ -7,7 +7,8 @@ template's glue are context. Each row becomes `input_ids` + `completion_mask`, w
 
 - rows with token columns made by this model's tokenizer use them as sampled:
   `prompt_ids + completion_ids` with mask `[0]*len(prompt_ids) + loss_mask`;
-- otherwise `messages` are rendered with the tokenizer's chat template one message at a
+- otherwise (and for a row whose token columns are all null) `messages` are rendered with
+  the tokenizer's chat template one message at a
   time; for an assistant message the text after the generation prompt, up to the end-of-turn
   token, is marked (the newline the template adds after it is glue).
 
@@ -173,30 +174,39 @@ def filter_by_reward(table, min_reward: float):
 # --- examples -------------------------------------------------------------------------------------
 
 def build_examples(table, tok) -> tuple[dict, str]:
-    """{"input_ids", "completion_mask"} per row, and which source the tokens came from."""
+    """{"input_ids", "completion_mask"} per row, and which source the tokens came from.
+
+    A table with this tokenizer's token columns may also hold rows whose three token columns are all null
+    (run-all's rejection-sampling rounds mix the expert's rows, which have only `messages`, into the policy's
+    own): those rows are rendered with the chat template."""
     from atomcli import models, schema
     token_cols = all(c in table.column_names for c in ("prompt_ids", "completion_ids", "loss_mask"))
     rec = schema.token_source(table) if token_cols else None
-    if rec is not None and rec.get("tokenizer") == models.tokenizer_id(tok):
-        prompts, comps, masks = (table.column(c).to_pylist() for c in ("prompt_ids", "completion_ids", "loss_mask"))
-        ids, cm = [], []
-        for i, (p, c, m) in enumerate(zip(prompts, comps, masks)):
+    use_tokens = rec is not None and rec.get("tokenizer") == models.tokenizer_id(tok)
+    cols = (("prompt_ids", "completion_ids", "loss_mask") if use_tokens else ())
+    tokens = zip(*(table.column(c).to_pylist() for c in cols)) if use_tokens else iter(())
+    ids, cm, rendered = [], [], 0
+    for i, messages in enumerate(table.column("messages").to_pylist()):
+        p, c, m = next(tokens, (None, None, None))
+        if use_tokens and not (p is None and c is None and m is None):
             if p is None or c is None or m is None or len(c) != len(m):
                 raise InputError("token columns are missing or misaligned", row=i, column="loss_mask",
                                  hint="loss_mask must have one entry per completion token")
             ids.append(list(p) + list(c))
             # where SFT masks: prompt, tool responses and glue are 0 (context); what the policy wrote is 1
             cm.append([0] * len(p) + [int(x) for x in m])
-        return {"input_ids": ids, "completion_mask": cm}, "token columns"
-    ids, cm = [], []
-    for i, messages in enumerate(table.column("messages").to_pylist()):
+            continue
         try:
             a, b = render_masked(messages or [], tok)
         except InputError as e:
             raise e.located(row=i) from None
         ids.append(a)
         cm.append(b)
-    return {"input_ids": ids, "completion_mask": cm}, "chat template"
+        rendered += 1
+    if not use_tokens or rendered == len(ids):
+        return {"input_ids": ids, "completion_mask": cm}, "chat template"
+    how = "token columns" if not rendered else f"token columns, {rendered} rows by chat template"
+    return {"input_ids": ids, "completion_mask": cm}, how
 
 
 def render_masked(messages: list[dict], tok) -> tuple[list[int], list[int]]:
