@@ -187,13 +187,35 @@ def test_replay_mixes_a_seeded_draw_of_the_expert_rows_into_every_round_tune(tmp
     assert tunes[0][:2] == ["s0/1/1", "s1/1/1"] and len(tunes[0]) == 4
     assert set(tunes[0][2:]) < {"e0/x", "e1/x", "e2/x"}
     assert tunes[1][:4] == ["s0/1/1", "s1/1/1", "s2/1/2", "s3/1/2"] and sorted(tunes[1][4:]) == ["e0/x", "e1/x", "e2/x"]
-    mixed = pq.read_table(tmp_path / "rft" / "01" / "tune.parquet")
+    assert len(set(tunes[0][2:])) == 2
+    tune1 = tmp_path / "rft" / "01" / "tune.parquet"
+    mixed = pq.read_table(tune1)
     assert mixed.column("messages").to_pylist()[2][1]["content"] == "<answer>x</answer>"
     assert mixed.column("answer").to_pylist()[2:] == [None, None]  # the expert's rows keep only what sft reads
-    # the draw is seeded (the run's seed plus the round), so a resumed run tunes on the same rows
-    again = run_rft.replay(pq.read_table(tmp_path / "rft" / "01" / "rows.parquet"), pa.Table.from_pylist(expert),
-                           1.0, seed=run.cfg.seed)
-    assert again.column("traj_id").to_pylist() == tunes[0]
+    # a resumed run finds the tune files and tunes nothing again; one whose round-1 checkpoint was lost tunes on
+    # the very file it had (the draw is seeded by the run's seed and the round, and never redrawn)
+    before = tune1.read_bytes()
+    again = FakeRun(tmp_path, rounds=2)
+    again.cfg = run.cfg
+    run_rft.rounds(again, _train(tmp_path), [3, 4, 5, 6, 7, 8], "SFT")
+    assert [c for c in again.calls if c[0] == "sft"] == [] and tune1.read_bytes() == before
+    import shutil
+    shutil.rmtree(tmp_path / "rft" / "01" / "ckpt")
+    third = FakeRun(tmp_path, rounds=2)
+    third.cfg = run.cfg
+    run_rft.rounds(third, _train(tmp_path), [3, 4, 5, 6, 7, 8], "SFT")
+    assert [c[-1] for c in third.calls if c[0] == "sft"] == [tunes[0]]
+
+
+def test_replay_draws_nothing_when_the_ratio_rounds_to_zero_and_records_the_draw():
+    kept = pa.Table.from_pylist([{"id": "s0", "messages": [{"role": "user", "content": "q"}]}])
+    expert = pa.Table.from_pylist([{"id": f"e{i}", "messages": [{"role": "user", "content": "e"}]} for i in range(4)])
+    assert run_rft.replay(kept, expert, 0.4, seed=0).column("id").to_pylist() == ["s0"]
+    assert run_rft.replay(kept, expert, 0.5, seed=0).num_rows == 2  # half rounds up
+    assert run_rft.replay(kept, expert, 9.0, seed=0).num_rows == 5  # at most every expert row
+    from atomcli import schema
+    rec = schema.provenance(run_rft.replay(kept, expert, 2.0, seed=3))[-1]
+    assert (rec["stage"], rec["ratio"], rec["seed"], rec["drawn"]) == ("rft-replay", 2.0, 3, 2)
 
 
 def test_with_a_dev_split_the_rounds_leave_transfer_to_the_final_checkpoint(tmp_path):
@@ -237,8 +259,10 @@ def test_sources_that_match_no_question_are_refused_before_anything_runs(tmp_pat
 @pytest.mark.parametrize("extra, message", [({"rft_rounds": -1}, "rft_rounds must be >= 0, got -1"),
                                             ({"rft_group_size": 0}, "rft_group_size must be >= 1, got 0"),
                                             ({"rft_lr": 0.0}, "rft_lr must be > 0, got 0.0"),
-                                            ({"rft_replay": -0.5}, "rft_replay must be >= 0, got -0.5"),
-                                            ({"rft_replay": 1.0, "sft_data": ""}, "rft_replay draws the expert's")])
+                                            ({"rft_replay": -0.5}, "rft_replay must be a number >= 0, got -0.5"),
+                                            ({"rft_replay": float("nan")}, "rft_replay must be a number >= 0"),
+                                            ({"rft_rounds": 1, "rft_replay": 1.0, "sft_data": ""},
+                                             "rft_replay draws the expert's rows from sft_data, which is not set")])
 def test_bad_round_settings_are_refused_when_the_run_is_built(tmp_path, extra, message):
     from atomcli.context import Context
     cfg = tmp_path / "c.toml"

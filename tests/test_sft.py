@@ -79,14 +79,32 @@ def test_rows_without_tokens_in_a_token_table_are_rendered_and_half_filled_rows_
                       "loss_mask": schema.array("loss_mask", [[1, 0], None, [1]])})
     mixed = schema.with_provenance(table, "rollout", tokenizer=models.tokenizer_id(tok))
     ex, how = sft.build_examples(mixed, tok)
-    assert how == "token columns, 1 rows by chat template"
+    assert how == "token columns, 1 row by chat template"
     assert ex["input_ids"][0] == [1, 2, 10, 11] and ex["input_ids"][2] == [3, 12]
     assert (ex["input_ids"][1], ex["completion_mask"][1]) == sft.render_masked(msgs[1], tok)
     half = schema.with_provenance(table.set_column(3, "loss_mask", schema.array("loss_mask", [[1, 0], [1], [1]])),
                                   "rollout", tokenizer=models.tokenizer_id(tok))
-    with pytest.raises(InputError, match="misaligned") as e:
+    with pytest.raises(InputError, match="prompt_ids null but other token columns set") as e:
         sft.build_examples(half, tok)
-    assert e.value.row == 1
+    assert (e.value.row, e.value.column) == (1, "prompt_ids")
+
+
+def test_a_round_tune_file_keeps_the_kept_rows_tokens_through_disk(tok, tmp_path):
+    """run_rft.replay's file as the round's tune reads it: the kept rows' tokenizer record survives the mix and
+    the write, so they train on their token columns and only the expert's rows are rendered."""
+    from atomcli.stages import run_rft
+    kept = pa.table({"id": ["k0", "k1"], "messages": schema.array("messages", [messages(*f) for f in FACTS[:2]]),
+                     "prompt_ids": schema.array("prompt_ids", [[1, 2], [3]]),
+                     "completion_ids": schema.array("completion_ids", [[10, 11], [12]]),
+                     "loss_mask": schema.array("loss_mask", [[1, 1], [1]])})
+    kept = schema.with_provenance(kept, "rollout", tokenizer=models.tokenizer_id(tok))
+    expert = pa.table({"id": ["e0", "e1", "e2"],
+                       "messages": schema.array("messages", [messages(*f) for f in FACTS[1:4]])})
+    path = tmp_path / "tune.parquet"
+    tableio.write_table(run_rft.replay(kept, expert, 1.0, seed=0), str(path))
+    ex, how = sft.build_examples(tableio.read_table(str(path)), tok)
+    assert how == "token columns, 2 rows by chat template"
+    assert ex["input_ids"][:2] == [[1, 2, 10, 11], [3, 12]] and len(ex["input_ids"]) == 4
 
 
 def test_min_reward_filter():

@@ -13,7 +13,7 @@ Layout of RUN_DIR:
     steps/0001/{questions,rollouts,scored,rewarded}.parquet, steps/0001/ckpt/
                                 with dynamic_sampling: steps/0001/round-2/... (the same tables per
                                 reserve round) and steps/0001/selected.parquet (the groups trained on)
-    rft/01/{questions,rollouts,kept,rows}.parquet, rft/01/ckpt/
+    rft/01/{questions,rollouts,kept,rows,tune}.parquet, rft/01/ckpt/
                                 with rft_rounds: each rejection-sampling round (run_rft.py)
     eval/{base,sft,step-0003}.{parquet,json}
     eval/transfer/...           the second test set's evals (transfer_test)
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -93,7 +94,8 @@ class RunAllConfig:
     rft_rounds: int = opt(0, "rejection-sampling rounds after SFT, before any GRPO step (atomcli/stages/run_rft.py): "
                              "the policy samples rft_group_size answers to each training question of rft_sources "
                              "that no earlier round solved, `rft` keeps the right ones, and the SFT checkpoint is "
-                             "fine-tuned one epoch at rft_lr on every round's kept rows; each round is an eval "
+                             "fine-tuned one epoch at rft_lr on every round's kept rows (plus the expert's with "
+                             "rft_replay); each round is an eval "
                              "point (rft-NN). Dev questions are never sampled (note: a dev split is the first "
                              "training questions in file order, demo ones in the stepwise-real world). GRPO steps "
                              "after the rounds start from the last round's checkpoint, their KL reference; 0 = none")
@@ -102,10 +104,11 @@ class RunAllConfig:
                                "comma-separated (sqlite: the real benchmark's); empty = every training question")
     rft_lr: float = opt(1e-4, "with rft_rounds: the learning rate of each round's epoch from the SFT checkpoint")
     rft_replay: float = opt(0.0, "with rft_rounds: rows of sft_data (the expert's) mixed into each round's tune, "
-                                 "per kept row (a seeded draw without repeats, at most all of them; 1.0 = as many as "
-                                 "the kept rows), so that the tune keeps the habits the kept rows lack (session 42: "
-                                 "a tune on kept rows alone, nearly all one-search answers, halved the demo's "
-                                 "second searches); 0 = the kept rows alone")
+                                 "per row of that tune (every round's kept rows so far; a seeded draw without "
+                                 "repeats, at most all of them; 1.0 = as many), so that the tune also sees the "
+                                 "habits the kept rows lack (session 42: after a tune on kept rows alone, nearly all "
+                                 "one-search answers, the demo's searches a question fell from 1.92 to 1.16); "
+                                 "0 = the kept rows alone")
     dynamic_sampling: int = opt(0, "DAPO's dynamic sampling: up to N extra rounds per step, each rolling out "
                                    "questions_per_step more questions; groups whose advantages are all 0 are "
                                    "dropped until the step has questions_per_step groups with signal (0 = off)")
@@ -447,11 +450,13 @@ class Run:
         for bad, what in ((self.cfg.rft_rounds < 0, f"rft_rounds must be >= 0, got {self.cfg.rft_rounds}"),
                           (self.cfg.rft_group_size < 1, f"rft_group_size must be >= 1, got {self.cfg.rft_group_size}"),
                           (self.cfg.rft_lr <= 0, f"rft_lr must be > 0, got {self.cfg.rft_lr}"),
-                          (self.cfg.rft_replay < 0, f"rft_replay must be >= 0, got {self.cfg.rft_replay}"),
-                          (self.cfg.rft_replay > 0 and not self.cfg.sft_data,
-                           "rft_replay draws the expert's rows from sft_data, and it is not set")):
+                          (not (math.isfinite(self.cfg.rft_replay) and self.cfg.rft_replay >= 0),
+                           f"rft_replay must be a number >= 0, got {self.cfg.rft_replay}")):
             if bad:
                 raise InputError(f"[run-all] {what}", hint="rft_rounds = 0 turns rejection sampling off")
+        if self.cfg.rft_rounds and self.cfg.rft_replay > 0 and not self.cfg.sft_data:
+            raise InputError("[run-all] rft_replay draws the expert's rows from sft_data, which is not set",
+                             hint="set [run-all] sft_data (the expert's SFT rows), or rft_replay = 0")
         if self.cfg.dev_questions < 0:
             raise InputError("[run-all] dev_questions must be >= 0", hint="0 = no dev split; the last step is final")
         # per split ("" = the test, "transfer", "dev"): the first eval, which every later one is compared with

@@ -7,7 +7,7 @@ Round N writes rft/NN/ in the run folder:
     kept.parquet       `atom rft` of those: the right, well-formed answers, at most [rft] per_question a question
     rows.parquet       the kept rows of rounds 1..N
     tune.parquet       with rft_replay: rows.parquet plus a seeded draw of the expert's rows (sft_data)
-    ckpt/              the SFT checkpoint fine-tuned for one epoch on rows.parquet at rft_lr
+    ckpt/              the SFT checkpoint fine-tuned one epoch at rft_lr on rows.parquet (tune.parquet with rft_replay)
 
 and its checkpoint is an eval point (`rft-NN`: test and dev evals, and transfer when the run has no dev split). Each round fine-tunes from the SFT
 checkpoint, not from the last round's, as STaR does: the rows of earlier rounds are trained once, in one epoch with
@@ -20,8 +20,13 @@ transfer 0.248 -> 0.273 -> 0.300.
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
 from pathlib import Path
 
+import pyarrow as pa
+
+from atomcli import schema
 from atomcli.errors import InputError
 
 ROOT = "rft"  # the rounds' folder in the run folder
@@ -44,25 +49,21 @@ def pool(train, cfg, exclude: set[int]) -> list[int]:
 
 
 def replay(kept, expert, ratio: float, seed: int):
-    """The kept rows followed by round(ratio * kept) of the expert's rows (at most all), drawn without repeats in a
-    seeded order. The expert's rows keep `messages` (atom sft renders them; the kept rows train on their token
-    columns) and those of id, traj_id, data_source whose type matches the kept rows'."""
-    import random
-
-    import pyarrow as pa
-    n = min(round(ratio * kept.num_rows), expert.num_rows)
-    drawn = expert.take(sorted(random.Random(seed).sample(range(expert.num_rows), n)))
-    from atomcli import schema
+    """The kept rows followed by floor(ratio * kept + 0.5) of the expert's rows (at most all), drawn without repeats
+    in a seeded order, with a provenance record of the draw. The expert's rows keep `messages` (atom sft renders
+    them; the kept rows train on their token columns) and those of id, traj_id, data_source whose type matches."""
+    n = min(math.floor(ratio * kept.num_rows + 0.5), expert.num_rows)
+    drawn = expert.take(pa.array(sorted(random.Random(seed).sample(range(expert.num_rows), n)), type=pa.int64()))
     cols = [c for c in ("id", "traj_id", "data_source") if c in drawn.column_names
             and c in kept.column_names and drawn.schema.field(c).type == kept.schema.field(c).type]
-    rows = drawn.select(cols).append_column("messages", schema.array("messages", drawn.column("messages").to_pylist()))
-    return pa.concat_tables([kept, rows], promote_options="default")
+    # read_table gives both tables the contract's `messages` type, so the columns concatenate as they are
+    mixed = pa.concat_tables([kept, drawn.select(cols + ["messages"])], promote_options="default")
+    return schema.with_provenance(mixed, "rft-replay", extra={"ratio": ratio, "seed": seed, "kept": kept.num_rows,
+                                                               "expert_rows": expert.num_rows, "drawn": n})
 
 
 def rounds(run, train, rows: list[int], model: str) -> str:
     """Run the rounds from checkpoint `model` (the SFT's); returns the last round's checkpoint."""
-    import pyarrow as pa
-
     from atomcli import tableio
     from atomcli.stages import rft, sft
     cfg, start = run.cfg, model

@@ -7,10 +7,10 @@ template's glue are context. Each row becomes `input_ids` + `completion_mask`, w
 
 - rows with token columns made by this model's tokenizer use them as sampled:
   `prompt_ids + completion_ids` with mask `[0]*len(prompt_ids) + loss_mask`;
-- otherwise (and for a row whose token columns are all null) `messages` are rendered with
-  the tokenizer's chat template one message at a
-  time; for an assistant message the text after the generation prompt, up to the end-of-turn
-  token, is marked (the newline the template adds after it is glue).
+- otherwise (and for a row whose token columns are all null) `messages` are rendered with the
+  tokenizer's chat template one message at a time; for an assistant message the text after the
+  generation prompt, up to the end-of-turn token, is marked (the newline the template adds after
+  it is glue).
 
 `--min-reward X` keeps rows with reward >= X (rejection sampling). `--lora` trains a peft
 adapter and merges it before saving, so the output is a plain checkpoint like any other.
@@ -180,32 +180,37 @@ def build_examples(table, tok) -> tuple[dict, str]:
     (run-all's rejection-sampling rounds mix the expert's rows, which have only `messages`, into the policy's
     own): those rows are rendered with the chat template."""
     from atomcli import models, schema
-    token_cols = all(c in table.column_names for c in ("prompt_ids", "completion_ids", "loss_mask"))
-    rec = schema.token_source(table) if token_cols else None
-    use_tokens = rec is not None and rec.get("tokenizer") == models.tokenizer_id(tok)
-    cols = (("prompt_ids", "completion_ids", "loss_mask") if use_tokens else ())
-    tokens = zip(*(table.column(c).to_pylist() for c in cols)) if use_tokens else iter(())
+    names = ("prompt_ids", "completion_ids", "loss_mask")
+    rec = schema.token_source(table) if all(c in table.column_names for c in names) else None
+    if rec is None or rec.get("tokenizer") != models.tokenizer_id(tok):
+        tokens = [(None, None, None)] * table.num_rows
+    else:
+        tokens = list(zip(*(table.column(c).to_pylist() for c in names)))
+    messages = table.column("messages")  # read a row at a time: only rendered rows need theirs
     ids, cm, rendered = [], [], 0
-    for i, messages in enumerate(table.column("messages").to_pylist()):
-        p, c, m = next(tokens, (None, None, None))
-        if use_tokens and not (p is None and c is None and m is None):
-            if p is None or c is None or m is None or len(c) != len(m):
-                raise InputError("token columns are missing or misaligned", row=i, column="loss_mask",
+    for i, row in enumerate(tokens):
+        if any(x is not None for x in row):
+            p, c, m = row
+            if None in row:
+                raise InputError(f"a row has {names[row.index(None)]} null but other token columns set", row=i,
+                                 column=names[row.index(None)], hint="a row has all three token columns or none")
+            if len(c) != len(m):
+                raise InputError("token columns are misaligned", row=i, column="loss_mask",
                                  hint="loss_mask must have one entry per completion token")
             ids.append(list(p) + list(c))
             # where SFT masks: prompt, tool responses and glue are 0 (context); what the policy wrote is 1
             cm.append([0] * len(p) + [int(x) for x in m])
             continue
         try:
-            a, b = render_masked(messages or [], tok)
+            a, b = render_masked(messages[i].as_py() or [], tok)
         except InputError as e:
             raise e.located(row=i) from None
         ids.append(a)
         cm.append(b)
         rendered += 1
-    if not use_tokens or rendered == len(ids):
+    if rendered == len(ids):
         return {"input_ids": ids, "completion_mask": cm}, "chat template"
-    how = "token columns" if not rendered else f"token columns, {rendered} rows by chat template"
+    how = "token columns" if not rendered else f"token columns, {rendered} row{'s' * (rendered > 1)} by chat template"
     return {"input_ids": ids, "completion_mask": cm}, how
 
 
