@@ -335,7 +335,8 @@ LEARN = {
 # 0.254, round 1 0.204, round 2 0.220 (the rounds kept 174 1-hop and 7 2-hop answers, 179 of 181 with one search,
 # and the policy dropped its second searches), so the rounds sample two answers a question again. Session 43 ran
 # those two rounds from session 42's SFT (run-all --resume): 0.271, then 0.274 (+0.020 [-0.036, +0.078] over the
-# SFT), in 144 minutes after the SFT's 70 (about 190 in all without other load; the SFT alone 64). The demo test evals use its first 50 questions. GRPO steps are left out: from this SFT they moved transfer by less than the
+# SFT), in 144 minutes after the SFT's 70 (about 190 in all without other load; the SFT alone 64). The demo test
+# evals use its first 50 questions. GRPO steps are left out: from this SFT they moved transfer by less than the
 # draw (sessions 31-35).
 REAL = {
     "run-all": {"steps": 0, "eval_limit": 50, "eval_base": False, "world_style": "stepwise-real",

@@ -208,9 +208,8 @@ def build_examples(table, tok) -> tuple[dict, str]:
         ids.append(a)
         cm.append(b)
         rendered += 1
-    if rendered == len(ids):
-        return {"input_ids": ids, "completion_mask": cm}, "chat template"
-    how = "token columns" if not rendered else f"token columns, {rendered} row{'s' * (rendered > 1)} by chat template"
+    how = ("chat template" if rendered == len(ids) else "token columns" if not rendered
+           else f"token columns, {rendered} row{'s' * (rendered > 1)} by chat template")
     return {"input_ids": ids, "completion_mask": cm}, how
 
 
