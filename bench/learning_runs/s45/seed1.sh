@@ -6,4 +6,4 @@
 # session continues it with the same command plus --resume.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-exec bench/learning_runs/launch.sh s45 runs/s45 -- --demo --preset real --seed 1 --out runs/s45/real1 "$@"
+exec bench/learning_runs/launch.sh s45 runs/s45 -- --demo --preset real --config bench/learning_runs/s45/seed1.toml --out runs/s45/real1 "$@"
