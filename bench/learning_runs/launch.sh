@@ -17,6 +17,7 @@ pgrep -f "atomcli run-all" > /dev/null && { echo "another run-all is running" >&
 FROZEN=/work/frozen_$NAME
 rm -rf "$FROZEN" && mkdir "$FROZEN" && git ls-files -z | xargs -0 -I{} cp --parents {} "$FROZEN/"
 mkdir -p "$LOGDIR"
+[ ! -e "$LOGDIR/$NAME.log" ] || { echo "$LOGDIR/$NAME.log exists: pick another NAME (a resumed run gets its own logs)" >&2; exit 1; }
 ( while true; do echo "$(date +%H:%M:%S) $(cut -d' ' -f1-3 /proc/loadavg) $(free -m | awk '/Mem:/{print $3}')MB"
   sleep 60; done ) > "$LOGDIR/${NAME}_load.log" 2>&1 &
 LP=$!
