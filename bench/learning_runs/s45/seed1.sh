@@ -7,4 +7,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 NAME=${NAME:-s45}
-exec bench/learning_runs/launch.sh "$NAME" "runs/$NAME" -- --demo --preset real --config bench/learning_runs/s45/seed1.toml --out runs/s45/real1 "$@"
+exec bench/learning_runs/launch.sh "$NAME" "runs/$NAME" -- .venv/bin/python -m atomcli run-all --demo --preset real --config bench/learning_runs/s45/seed1.toml --out runs/s45/real1 "$@"
