@@ -17,7 +17,7 @@ from update to update; the last checkpoint is saved to OUT/ckpt. Per update metr
 Evaluate OUT/ckpt with `atom eval` as run-all does (contrast.sh).
 
     python bench/learning_runs/s45/contrast.py --rollouts runs/s43/real/rft/01/rollouts.parquet \
-        --model runs/s43/real/sft --out runs/s46/contrast --lr 5e-5
+        --model runs/s43/real/sft --out runs/s46/contrast --lr 2e-5
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rollouts", action="append", required=True, help="a round's rollouts.parquet (repeatable)")
     ap.add_argument("--model", required=True, help="the checkpoint that sampled them (the SFT, for round 1)")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--groups", type=int, default=2, help="groups (questions) per update")
     ap.add_argument("--epochs", type=int, default=1, help="passes over the groups")
     ap.add_argument("--clip-eps", type=float, default=0.2)
