@@ -76,6 +76,8 @@ def main(argv=None) -> None:
     ap.add_argument("--precision", default="bf16")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    if a.groups < 1 or a.epochs < 1:
+        ap.error("--groups and --epochs must be at least 1")
 
     from atomcli import checkpoint, config as cfgmod, envelope, tableio
     from atomcli.context import Context
