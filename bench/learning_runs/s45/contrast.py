@@ -111,7 +111,7 @@ def main(argv=None) -> None:
         ctx.resident = (resident.successor(str(dest), result, state) if resident is not None
                         else ResidentPolicy.first(str(dest), result, state))
         model = str(dest)
-        m = {"update": k, "rows": len(rows), "seconds": round(time.perf_counter() - t0, 1),
+        m = {"update": k, "rows": len(rows), "elapsed_s": round(time.perf_counter() - t0, 1),
              **{key: v for key, v in result.metrics.items() if isinstance(v, (int, float))}}
         log.write(json.dumps(m) + "\n")
         log.flush()
