@@ -52,6 +52,22 @@ def rewarded(paths: list[str], out: Path, ctx):
     return pa.concat_tables(tables, promote_options="default")
 
 
+def last_turn_only(table):
+    """`turn_advantages` that give each row's advantage to its last assistant turn only (0 to the turns before it):
+    the turn that quotes and answers. Two samples to one question part from their first words (sampled thoughts), so
+    a trajectory-wide advantage also pushes on wordings that differ by chance; this keeps the push on the reading."""
+    import pyarrow as pa
+
+    from atomcli.agent.episode import turn_spans
+    turns = [len(turn_spans(m)) for m in table.column("loss_mask").to_pylist()]
+    values = [[0.0] * (n - 1) + [float(a)] if n else None
+              for n, a in zip(turns, table.column("advantage").to_pylist())]
+    col = pa.array(values, type=pa.list_(pa.float64()))
+    if "turn_advantages" in table.column_names:
+        return table.set_column(table.column_names.index("turn_advantages"), "turn_advantages", col)
+    return table.append_column("turn_advantages", col)
+
+
 def minibatches(table, groups_per_batch: int, seed: int) -> list[list[int]]:
     """Row indices of each minibatch: the groups with a non-zero advantage, whole, in a seeded order."""
     adv, gid = table.column("advantage").to_pylist(), table.column("group_id").to_pylist()
@@ -74,6 +90,7 @@ def main(argv=None) -> None:
     ap.add_argument("--epochs", type=int, default=1, help="passes over the groups")
     ap.add_argument("--clip-eps", type=float, default=0.2)
     ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--last-turn", action="store_true", help="train the last assistant turn only (last_turn_only)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.groups < 1 or a.epochs < 1:
@@ -90,10 +107,12 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     ctx = Context()
     table = rewarded(a.rollouts, out, ctx)
+    if a.last_turn:
+        table = last_turn_only(table)
     batches = [b for e in range(a.epochs) for b in minibatches(table, a.groups, a.seed + e)]
     n_rows = sum(len(b) for b in batches) // a.epochs
     ctx.log(f"contrast: {table.num_rows} rows, {n_rows} in groups with a non-zero advantage; "
-            f"{len(batches)} updates of {a.groups} groups, lr {a.lr}")
+            f"{len(batches)} updates of {a.groups} groups, lr {a.lr}{', last turn only' if a.last_turn else ''}")
     base = cfgmod.build(grpo_step.GRPOConfig, {"lr": a.lr, "beta": 0.0, "clip_eps": a.clip_eps,
                                                 "clip_eps_high": a.clip_eps, "precision": a.precision,
                                                 "gradient_checkpointing": False, "micro_batch": 2,
