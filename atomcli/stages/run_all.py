@@ -516,7 +516,7 @@ class Run:
         (as metrics.json holds them); a saved checkpoint is not redone."""
         from atomcli import checkpoint, envelope, schema
         from atomcli.stages import grpo_step
-        from atomcli.train.resident import ResidentPolicy
+        from atomcli.train.resident import after_update
         if (out / "config.json").exists():
             return json.loads((out / checkpoint.METRICS_FILE).read_text())
         # with a dev split every eval point may become the final checkpoint: it is kept on disk
@@ -524,15 +524,10 @@ class Run:
             bool(self.cfg.dev_questions and self.is_eval_point(t))
         self.log(f"grpo-step ({cfg.model}) -> {out.relative_to(self.out)}{'' if save else ' (in memory)'}")
         result = envelope.train_from_table("grpo-step", grpo_step, cfg, str(inp), str(out), self.ctx)
-        resident = self.ctx.resident if self.ctx.resident is not None and self.ctx.resident.stands_for(cfg.model) \
-            else None
-        # the parent's atom_state: the in-memory one when the policy came from memory (it may not be saved)
-        state = checkpoint.make_state(result, stage="grpo-step", config=cfg,
-                                      parent=resident.state if resident is not None else None)
+        self.ctx.resident = after_update(self.ctx.resident, cfg.model, str(out), result, cfg)
         if save:
-            checkpoint.save(result, str(out), stage="grpo-step", config=cfg, context=self.ctx, state=state)
-        self.ctx.resident = (resident.successor(str(out), result, state) if resident is not None
-                             else ResidentPolicy.first(str(out), result, state))
+            checkpoint.save(result, str(out), stage="grpo-step", config=cfg, context=self.ctx,
+                            state=self.ctx.resident.state)
         self.ctx.forget_models()  # models loaded from disk (the SFT checkpoint's sampler) are not needed again
         return json.loads(json.dumps(schema._jsonable(result.metrics)))
 

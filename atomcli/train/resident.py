@@ -93,3 +93,17 @@ class ResidentPolicy:
     @classmethod
     def first(cls, spec: str, result, state: dict) -> "ResidentPolicy":
         return cls(folder_id(spec), result.model, result.tokenizer, result.optimizer_state, state)
+
+
+def after_update(current: ResidentPolicy | None, model: str, dest: str, result, config) -> ResidentPolicy:
+    """The resident after a grpo-step update of checkpoint `model` whose result stands for folder
+    `dest` (saved or not). Its atom_state (`.state`, what checkpoint.save writes) continues the
+    current resident's when that resident is `model` (the in-memory parent may not be saved);
+    otherwise the policy came from disk and the state starts from the folder's."""
+    from atomcli import checkpoint
+    parent = current if current is not None and current.stands_for(model) else None
+    state = checkpoint.make_state(result, stage="grpo-step", config=config,
+                                  parent=parent.state if parent is not None else None)
+    if parent is not None:
+        return parent.successor(dest, result, state)
+    return ResidentPolicy.first(dest, result, state)

@@ -99,7 +99,7 @@ def main(argv=None) -> None:
     from atomcli import checkpoint, config as cfgmod, envelope, tableio
     from atomcli.context import Context
     from atomcli.stages import grpo_step
-    from atomcli.train.resident import ResidentPolicy
+    from atomcli.train.resident import after_update
 
     out = Path(a.out)
     if (out / "ckpt" / "config.json").exists():
@@ -124,17 +124,13 @@ def main(argv=None) -> None:
         tableio.write_table(table.take(rows), str(chunk))
         cfg = dataclasses.replace(base, model=model)
         result = envelope.train_from_table("grpo-step", grpo_step, cfg, str(chunk), str(dest), ctx)
-        resident = ctx.resident if ctx.resident is not None and ctx.resident.stands_for(model) else None
-        state = checkpoint.make_state(result, stage="grpo-step", config=cfg,
-                                      parent=resident.state if resident is not None else None)
-        ctx.resident = (resident.successor(str(dest), result, state) if resident is not None
-                        else ResidentPolicy.first(str(dest), result, state))
+        ctx.resident = after_update(ctx.resident, model, str(dest), result, cfg)
         model = str(dest)
         m = {"update": k, "rows": len(rows), "elapsed_s": round(time.perf_counter() - t0, 1),
              **{key: v for key, v in result.metrics.items() if isinstance(v, (int, float))}}
         log.write(json.dumps(m) + "\n")
         log.flush()
-    checkpoint.save(result, str(out / "ckpt"), stage="grpo-step", config=cfg, context=ctx, state=state)
+    checkpoint.save(result, str(out / "ckpt"), stage="grpo-step", config=cfg, context=ctx, state=ctx.resident.state)
     (out / "batch.parquet").unlink(missing_ok=True)
     ctx.log(f"contrast: {len(batches)} updates in {(time.perf_counter() - t0) / 60:.1f} min -> {out / 'ckpt'}")
 

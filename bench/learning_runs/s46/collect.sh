@@ -1,0 +1,37 @@
+#!/bin/bash
+# session 46's runs into bench/learning_runs/s46/: the seed-1 run (bench/learning_runs/s45/seed1.sh) whole, its
+# SFT and round 1's rollout from session 45's launches and round 1's tune, round 2 and their evals from session 46's
+# resumed launch (logs joined in order); the contrast arm at lr 5e-5 (bench/learning_runs/s45/contrast.sh with
+# LR=5e-5); paired intervals (arms.py), the baselines check (compare.py) and the reading counts
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+dst=bench/learning_runs/s46 tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/seed1"
+cat runs/s45/s45.log runs/s45b/s45b.log runs/s45r/s45r.log runs/s46/s46.log > "$tmp/seed1/real.log"
+cat runs/s45/s45_load.log runs/s45b/s45b_load.log runs/s45r/s45r_load.log runs/s46/s46_load.log > "$tmp/seed1/load.log"
+bench/learning_runs/s42/collect.sh runs/s45/real1 "$dst/seed1" "$tmp/seed1"
+.venv/bin/python bench/learning_runs/s42/compare.py runs/s45/real1 > "$dst/compare_seed1.txt"
+pairs=(runs/s45/real1:sft=runs/s43/real:sft)
+tables=(runs/s43/real/eval/transfer/sft.parquet runs/s45/real1/eval/transfer/sft.parquet)
+for r in 01 02; do
+    if [[ -f runs/s45/real1/eval/transfer/rft-$r.json ]]; then
+        pairs+=(runs/s45/real1:rft-$r=runs/s45/real1:sft runs/s45/real1:rft-$r=runs/s43/real:rft-$r)
+        tables+=(runs/s45/real1/eval/transfer/rft-$r.parquet)
+    fi
+done
+[[ -f runs/s45/real1/eval/transfer/rft-02.json ]] && pairs+=(runs/s45/real1:rft-02=runs/s45/real1:rft-01)
+c=runs/s46/contrast_lr5
+if [[ -f $c/eval/contrast.json ]]; then
+    .venv/bin/python bench/learning_runs/s42/compare.py $c > "$dst/compare_contrast_lr5.txt"
+    mkdir -p "$dst/contrast_lr5/eval/transfer"
+    cp $c/updates.jsonl "$dst/contrast_lr5/"
+    cp $c/eval/contrast.json "$dst/contrast_lr5/eval/"
+    cp $c/eval/transfer/contrast.json "$dst/contrast_lr5/eval/transfer/"
+    tr '\r' '\n' < runs/s46/s46lr5.log | grep -av "it/s\]\|examples/s\]\|s/it\]\|ETA" > "$dst/contrast_lr5/contrast.log"
+    cp runs/s46/s46lr5_load.log "$dst/contrast_lr5/load.log"
+    pairs+=($c:contrast=runs/s43/real:sft $c:contrast=runs/s45/contrast:contrast $c:contrast=runs/s43/real:rft-01)
+    tables+=($c/eval/transfer/contrast.parquet)
+fi
+.venv/bin/python bench/learning_runs/s44/arms.py "${pairs[@]}" > "$dst/arms.txt"
+.venv/bin/python bench/real_docs/reading.py "${tables[@]}" > "$dst/reading.txt"
