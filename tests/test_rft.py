@@ -174,6 +174,77 @@ def test_rounds_sample_the_unsolved_real_questions_and_fine_tune_the_sft_checkpo
     assert [c for c in third.calls if c[0] in ("rollout", "sft")] == [calls[4], calls[5]]
 
 
+def _with_weights(run):
+    """Round r's tune writes a checkpoint whose one tensor is all r (FakeRun's tunes write an empty folder)."""
+    import torch
+    from safetensors.torch import save_file
+    plain = run.train_stage
+
+    def train_stage(stage, mod, cfg, inp, out):
+        if out.exists():
+            return
+        plain(stage, mod, cfg, inp, out)
+        save_file({"w": torch.full((2, 3), float(out.parent.name))}, str(out / "model.safetensors"))
+        (out / "config.json").write_text('{"model_type": "llama"}')
+    run.train_stage = train_stage
+    return run
+
+
+def test_rft_soup_averages_the_rounds_checkpoints_and_hands_the_average_on(tmp_path):
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+    run = _with_weights(FakeRun(tmp_path, rounds=2))
+    run.cfg = dataclasses.replace(run.cfg, rft_soup=True)
+    last = run_rft.rounds(run, _train(tmp_path), [3, 4, 5, 6, 7, 8], "SFT")
+    soup = tmp_path / "rft" / "soup" / "ckpt"
+    assert last == str(soup)
+    assert torch.equal(load_file(str(soup / "model.safetensors"))["w"], torch.full((2, 3), 1.5))
+    assert json.loads((soup / "config.json").read_text()) == {"model_type": "llama"}
+    state = json.loads((soup / "atom_state.json").read_text())
+    assert state["stage"] == "soup" and [Path(p).parent.name for p in state["soup"]] == ["01", "02"]
+    evals = [c for c in run.calls if c[0] in ("eval", "transfer")]
+    assert evals[-2:] == [("eval", "rft-soup", str(soup)), ("transfer", "rft-soup", str(soup))]
+    # resumed: the soup is there and is not remade, and the rounds still hand it on
+    made = (soup / "model.safetensors").stat().st_mtime_ns
+    again = _with_weights(FakeRun(tmp_path, rounds=2))
+    again.cfg = run.cfg
+    assert run_rft.rounds(again, _train(tmp_path), [3, 4, 5, 6, 7, 8], "SFT") == str(soup)
+    assert (soup / "model.safetensors").stat().st_mtime_ns == made
+    assert not any(c[0] == "log" and "soup of" in c[1] for c in again.calls)
+
+
+def test_rft_soup_with_one_round_goes_on_from_that_round(tmp_path):
+    run = _with_weights(FakeRun(tmp_path, rounds=1))
+    run.cfg = dataclasses.replace(run.cfg, rft_soup=True)
+    assert run_rft.rounds(run, _train(tmp_path), [3, 4, 5, 6, 7, 8], "SFT") == str(tmp_path / "rft" / "01" / "ckpt")
+    assert not (tmp_path / "rft" / "soup").exists()
+    assert any(c[0] == "log" and "nothing to average" in c[1] for c in run.calls)
+
+
+def test_a_soup_refuses_ingredients_that_cannot_be_averaged(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from atomcli.train import soup
+    for name, shape, config in (("a", (2,), "{}"), ("b", (2,), "{}"), ("c", (2,), '{"other": 1}'), ("d", (3,), "{}")):
+        (tmp_path / name).mkdir()
+        save_file({"w": torch.zeros(shape)}, str(tmp_path / name / "model.safetensors"))
+        (tmp_path / name / "config.json").write_text(config)
+    (tmp_path / "adapter").mkdir()
+    out = str(tmp_path / "out")
+    for ckpts, message in (([tmp_path / "a"], "at least two checkpoints, got 1"),
+                           ([tmp_path / "a", tmp_path / "adapter"], "no model.safetensors"),
+                           ([tmp_path / "a", tmp_path / "c"], "config.json differs"),
+                           ([tmp_path / "a", tmp_path / "d"], "other tensors")):
+        with pytest.raises(InputError, match=message):
+            soup.average([str(c) for c in ckpts], out)
+        assert not (tmp_path / "out").exists()  # no partial output
+    soup.average([str(tmp_path / "a"), str(tmp_path / "b")], out)
+    assert (tmp_path / "out" / "model.safetensors").is_file() and not (tmp_path / "out.tmp").exists()
+
+
 def test_replay_mixes_a_seeded_draw_of_the_expert_rows_into_every_round_tune(tmp_path):
     expert = [{"id": f"e{i}", "traj_id": f"e{i}/x", "data_source": "demo_2hop",
                "messages": [{"role": "user", "content": f"e{i}"}, {"role": "assistant", "content": "<answer>x</answer>"}]}

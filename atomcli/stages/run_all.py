@@ -15,6 +15,7 @@ Layout of RUN_DIR:
                                 reserve round) and steps/0001/selected.parquet (the groups trained on)
     rft/01/{questions,rollouts,kept,rows,tune}.parquet, rft/01/ckpt/
                                 with rft_rounds: each rejection-sampling round (run_rft.py)
+    rft/soup/ckpt/              with rft_soup: the rounds' checkpoints averaged (atomcli/train/soup.py)
     eval/{base,sft,step-0003}.{parquet,json}
     eval/transfer/...           the second test set's evals (transfer_test)
     eval/dev/...                with dev_questions: the held-out training questions' evals of every
@@ -108,6 +109,10 @@ class RunAllConfig:
                                  "repeats, at most all of them; 1.0 = as many), so that the tune keeps habits the "
                                  "kept rows lack, such as a second search (session 44, round 1 of the real preset: "
                                  "demo test F1 0.260 -> 0.397, transfer 0.271 -> 0.248); 0 = the kept rows alone")
+    rft_soup: bool = opt(False, "with rft_rounds of 2 or more: average the rounds' checkpoints (all tuned from the "
+                                "SFT checkpoint) weight by weight into rft/soup/ckpt, an eval point (rft-soup) and "
+                                "the checkpoint the rounds hand on (atomcli/train/soup.py; session 46, the real "
+                                "preset: transfer F1 0.271 / 0.274 for the rounds, 0.304 for their average)")
     dynamic_sampling: int = opt(0, "DAPO's dynamic sampling: up to N extra rounds per step, each rolling out "
                                    "questions_per_step more questions; groups whose advantages are all 0 are "
                                    "dropped until the step has questions_per_step groups with signal (0 = off)")

@@ -9,6 +9,9 @@ Round N writes rft/NN/ in the run folder:
     tune.parquet       with rft_replay: rows.parquet plus a seeded draw of the expert's rows (sft_data)
     ckpt/              the SFT checkpoint fine-tuned one epoch at rft_lr on rows.parquet (tune.parquet with rft_replay)
 
+and with rft_soup, after the last round, rft/soup/ckpt/: the uniform weight average of the rounds' checkpoints
+(atomcli.train.soup), evaluated as `rft-soup`, and the checkpoint the rounds hand on (to GRPO steps, when any).
+
 and its checkpoint is an eval point (`rft-NN`: test and dev evals, and transfer when the run has no dev split). Each round fine-tunes from the SFT
 checkpoint, not from the last round's, as STaR does: the rows of earlier rounds are trained once, in one epoch with
 the new ones, instead of once more every round. The later rounds sample only what is still unsolved, so they add
@@ -30,6 +33,7 @@ from atomcli import schema
 from atomcli.errors import InputError
 
 ROOT = "rft"  # the rounds' folder in the run folder
+SOUP, SOUP_POINT = "soup", "rft-soup"  # with rft_soup: rft/soup/ckpt, evaluated as eval/rft-soup.json
 
 
 def pool(train, cfg, exclude: set[int]) -> list[int]:
@@ -63,12 +67,14 @@ def replay(kept, expert, ratio: float, seed: int):
 
 
 def rounds(run, train, rows: list[int], model: str) -> str:
-    """Run the rounds from checkpoint `model` (the SFT's); returns the last round's checkpoint."""
+    """Run the rounds from checkpoint `model` (the SFT's); returns the last round's checkpoint, or with
+    rft_soup and two rounds or more the average of all of them."""
     from atomcli import tableio
     from atomcli.stages import rft, sft
     cfg, start = run.cfg, model
     ids = train.column("id").to_pylist()
     solved: set = set()
+    tuned: list[str] = []  # the rounds' checkpoints, for rft_soup
     for r in range(1, cfg.rft_rounds + 1):
         d = run.out / ROOT / f"{r:02d}"
         questions, rollouts, kept = d / "questions.parquet", d / "rollouts.parquet", d / "kept.parquet"
@@ -105,4 +111,24 @@ def rounds(run, train, rows: list[int], model: str) -> str:
         run.eval_point(f"rft-{r:02d}", model)
         if not cfg.dev_questions:  # with a dev split only the final checkpoint's transfer is run (run_all.main)
             run.evaluate_transfer(f"rft-{r:02d}", model)
+        tuned.append(model)
+    if cfg.rft_soup and len(tuned) >= 2:
+        model = soup(run, tuned)
+    elif cfg.rft_soup:
+        run.log(f"[yellow]rft_soup:[/] {len(tuned)} round checkpoint, nothing to average; going on from {model}")
     return model
+
+
+def soup(run, tuned: list[str]) -> str:
+    """The uniform weight average of the rounds' checkpoints (atomcli.train.soup), written as rft/soup/ckpt and
+    evaluated as `rft-soup`; returns it. Every round tunes the SFT checkpoint, so the rounds are siblings from one
+    init: session 46 measured their average above either round on the real questions."""
+    from atomcli.train import soup as weights
+    out = run.out / ROOT / SOUP / "ckpt"
+    if not (out / "config.json").exists():
+        run.log(f"soup of {len(tuned)} rounds -> {out.relative_to(run.out)}")
+        weights.average(tuned, str(out))
+    run.eval_point(SOUP_POINT, str(out))
+    if not run.cfg.dev_questions:
+        run.evaluate_transfer(SOUP_POINT, str(out))
+    return str(out)

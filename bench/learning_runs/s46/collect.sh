@@ -2,7 +2,7 @@
 # session 46's runs into bench/learning_runs/s46/: the seed-1 run (bench/learning_runs/s45/seed1.sh) whole, its
 # SFT and round 1's rollout from session 45's launches and round 1's tune, round 2 and their evals from session 46's
 # resumed launch (logs joined in order); the contrast arm at lr 5e-5 (bench/learning_runs/s45/contrast.sh with
-# LR=5e-5); paired intervals (arms.py), the baselines check (compare.py) and the reading counts
+# LR=5e-5); the soups (soup.sh); paired intervals (arms.py), the baselines check (compare.py) and the reading counts
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 dst=bench/learning_runs/s46 tmp=$(mktemp -d)
@@ -33,5 +33,23 @@ if [[ -f $c/eval/contrast.json ]]; then
     pairs+=($c:contrast=runs/s43/real:sft $c:contrast=runs/s45/contrast:contrast $c:contrast=runs/s43/real:rft-01)
     tables+=($c/eval/transfer/contrast.parquet)
 fi
+for d in runs/s46/soups/*/; do
+    n=$(basename "$d")
+    [[ -f $d/eval/transfer/$n.json && -f $d/eval/$n.json ]] || continue
+    mkdir -p "$dst/soups/$n/eval/transfer"
+    cp "$d/eval/$n.json" "$dst/soups/$n/eval/"
+    cp "$d/eval/transfer/$n.json" "$dst/soups/$n/eval/transfer/"
+    cp "$d/ckpt/atom_state.json" "$dst/soups/$n/"
+    .venv/bin/python bench/learning_runs/s42/compare.py "$d" > "$dst/compare_soup_$n.txt"
+    pairs+=(runs/s46/soups/$n:$n=runs/s43/real:sft runs/s46/soups/$n:$n=runs/s43/real:rft-02)
+    [[ $n == s01* ]] && pairs+=(runs/s46/soups/$n:$n=runs/s45/real1:rft-02)
+    [[ $n == s1* ]] && pairs+=(runs/s46/soups/$n:$n=runs/s45/real1:sft runs/s46/soups/$n:$n=runs/s45/real1:rft-02)
+    tables+=($d/eval/transfer/$n.parquet)
+done
+for n in s46soup s46soup2; do  # soup.sh's launches: the three soups, then seed 1's
+    [[ -f runs/s46/$n.log ]] || continue
+    tr '\r' '\n' < runs/s46/$n.log | grep -av "it/s\]\|examples/s\]\|s/it\]\|ETA" > "$dst/soups/$n.log"
+    cp runs/s46/${n}_load.log "$dst/soups/${n}_load.log"
+done
 .venv/bin/python bench/learning_runs/s44/arms.py "${pairs[@]}" > "$dst/arms.txt"
 .venv/bin/python bench/real_docs/reading.py "${tables[@]}" > "$dst/reading.txt"

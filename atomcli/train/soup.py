@@ -1,0 +1,72 @@
+"""A uniform weight average of full checkpoints fine-tuned from one model ("model soup", Wortsman et al. 2022).
+
+run-all averages its rejection-sampling rounds' checkpoints with it (`[run-all] rft_soup`). Every round tunes
+the same SFT checkpoint on a different set of the policy's own right answers, so the rounds are siblings from
+one init, which is when averaging weights works: each tune's changes that carry to new questions add up, and
+each one's overfit to its own rows is averaged down. Measured on the `real` preset (bench/LEARNING.md, session
+46): the average of its two rounds scored transfer F1 0.304 where the rounds scored 0.271 and 0.274.
+
+Every tensor of model.safetensors is the mean of the ingredients' tensors, summed in float64 and written in
+float32 (the dtype run-all's checkpoints are saved in). The other files come from the first ingredient: the
+config and tokenizer must be byte-identical across ingredients, and atom_state.json records them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from atomcli.errors import InputError
+
+WEIGHTS = "model.safetensors"
+SHARED = ("config.json", "tokenizer.json")  # must be the same in every ingredient
+NOT_COPIED = (WEIGHTS, "atom_state.json", "metrics.json", "optimizer.pt")
+
+
+def check(ckpts: list[str]) -> None:
+    """Refuse ingredients that cannot be averaged: fewer than two, no full weights, or another config/tokenizer."""
+    if len(ckpts) < 2:
+        raise InputError(f"a soup needs at least two checkpoints, got {len(ckpts)}", hint="name two or more")
+    first = Path(ckpts[0])
+    for c in map(Path, ckpts):
+        if not (c / WEIGHTS).is_file():
+            raise InputError(f"no {WEIGHTS}: a soup averages full checkpoints", file=str(c),
+                             hint="a LoRA adapter folder holds no full weights; save the merged model")
+        for name in SHARED:
+            if (c / name).is_file() != (first / name).is_file() or \
+                    ((c / name).is_file() and (c / name).read_bytes() != (first / name).read_bytes()):
+                raise InputError(f"{name} differs from {first / name}", file=str(c / name),
+                                 hint="average only checkpoints fine-tuned from one model")
+
+
+def average(ckpts: list[str], out: str) -> None:
+    """Write the uniform average of checkpoint folders `ckpts` to folder `out` (atomically)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    check(ckpts)
+    srcs, dest = [Path(c) for c in ckpts], Path(out)
+    total = {k: v.to(torch.float64) for k, v in load_file(str(srcs[0] / WEIGHTS)).items()}
+    for s in srcs[1:]:
+        weights = load_file(str(s / WEIGHTS))
+        if weights.keys() != total.keys() or any(weights[k].shape != total[k].shape for k in total):
+            raise InputError(f"{WEIGHTS} has other tensors than {srcs[0] / WEIGHTS}", file=str(s / WEIGHTS),
+                             hint="average only checkpoints of one architecture")
+        for k, v in weights.items():
+            total[k] += v.to(torch.float64)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: (v / len(srcs)).to(torch.float32).contiguous() for k, v in total.items()}, str(tmp / WEIGHTS),
+              metadata={"format": "pt"})
+    for f in srcs[0].iterdir():
+        if f.is_file() and f.name not in NOT_COPIED:
+            shutil.copy2(f, tmp / f.name)
+    first_state = srcs[0] / "atom_state.json"
+    state = json.loads(first_state.read_text(encoding="utf-8")) if first_state.is_file() else {}
+    state.update({"stage": "soup", "optimizer": False, "soup": [str(s.resolve()) for s in srcs],
+                  "history": state.get("history", []) + [{"stage": "soup", "from": [str(s) for s in srcs]}]})
+    (tmp / "atom_state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
