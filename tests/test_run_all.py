@@ -604,3 +604,14 @@ def test_too_many_dev_questions_is_refused(tmp_path):
     p = atom("run-all", "--demo", "--quick", "--config", cfg, "--out", tmp_path / "run")
     assert p.returncode == 2 and b"dev_questions" in p.stderr
     assert not (tmp_path / "run" / "steps").exists() and not (tmp_path / "run" / "sft").exists()
+
+
+def test_resume_takes_a_setting_added_since_the_run_started_at_its_default(tmp_path):
+    """A run recorded before `rft_soup` existed resumes when this run sets it to its default (off), and is refused,
+    naming it, when a preset turns it on."""
+    (tmp_path / "config.json").write_text(json.dumps({"run-all": {"rft_rounds": 2}, "sft": {"lr": 2e-4}}))
+    run_all._check_same_settings(tmp_path, {"run-all": {"rft_rounds": 2, "rft_soup": False}, "sft": {"lr": 2e-4}})
+    with pytest.raises(InputError, match=r"rft_soup: \(unset\) -> true"):
+        run_all._check_same_settings(tmp_path, {"run-all": {"rft_rounds": 2, "rft_soup": True}, "sft": {"lr": 2e-4}})
+    with pytest.raises(InputError, match=r"\[sft\] lr"):  # other sections, and changed values, are as before
+        run_all._check_same_settings(tmp_path, {"run-all": {"rft_rounds": 2}, "sft": {"lr": 1e-4}})
