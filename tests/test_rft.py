@@ -373,3 +373,27 @@ def test_a_quick_run_with_rounds_never_samples_a_dev_question_and_finishes(tmp_p
     assert b"rft round 1" in proc.stderr and b"no more rounds" in proc.stderr
     assert not (out / "rft" / "02").exists() and (out / "steps" / "0001" / "ckpt" / "config.json").exists()
     assert (out / "summary.md").exists()
+
+
+def test_a_soup_of_two_saved_models_loads_and_holds_their_mean(tiny_model, tmp_path):
+    """The soup of two real checkpoints (the tiny model and a perturbed copy) is a checkpoint atomcli loads, with
+    every weight the mean of the two and the tokenizer of the first."""
+    import shutil
+
+    import torch
+
+    from atomcli import models
+    from atomcli.train import soup
+    other = tmp_path / "other"
+    model, tok = models.load(str(tiny_model))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    model.save_pretrained(str(other))
+    for f in ("tokenizer.json", "config.json"):
+        shutil.copy2(tiny_model / f, other / f)
+    soup.average([str(tiny_model), str(other)], str(tmp_path / "soup"))
+    mixed, mixed_tok = models.load(str(tmp_path / "soup"))
+    base = models.load(str(tiny_model))[0].state_dict()
+    assert mixed_tok.get_vocab() == tok.get_vocab()
+    assert all(torch.allclose(v, base[k] + 0.5, atol=1e-6) for k, v in mixed.state_dict().items())
