@@ -7,7 +7,7 @@ each one's overfit to its own rows is averaged down. Measured on the `real` pres
 46): the average of its two rounds scored transfer F1 0.304 where the rounds scored 0.271 and 0.274.
 
 Every tensor of model.safetensors is the mean of the ingredients' tensors, summed in float64 and written in
-float32 (the dtype run-all's checkpoints are saved in). The other files come from the first ingredient: the
+the first ingredient's dtype. The other files come from the first ingredient: the
 config and tokenizer must be byte-identical across ingredients, and atom_state.json records them.
 """
 
@@ -47,7 +47,9 @@ def average(ckpts: list[str], out: str) -> None:
 
     check(ckpts)
     srcs, dest = [Path(c) for c in ckpts], Path(out)
-    total = {k: v.to(torch.float64) for k, v in load_file(str(srcs[0] / WEIGHTS)).items()}
+    first = load_file(str(srcs[0] / WEIGHTS))
+    dtypes = {k: v.dtype for k, v in first.items()}
+    total = {k: v.to(torch.float64) for k, v in first.items()}
     for s in srcs[1:]:
         weights = load_file(str(s / WEIGHTS))
         if weights.keys() != total.keys() or any(weights[k].shape != total[k].shape for k in total):
@@ -58,7 +60,7 @@ def average(ckpts: list[str], out: str) -> None:
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: (v / len(srcs)).to(torch.float32).contiguous() for k, v in total.items()}, str(tmp / WEIGHTS),
+    save_file({k: (v / len(srcs)).to(dtypes[k]).contiguous() for k, v in total.items()}, str(tmp / WEIGHTS),
               metadata={"format": "pt"})
     for f in srcs[0].iterdir():
         if f.is_file() and f.name not in NOT_COPIED:
