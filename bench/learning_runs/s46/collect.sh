@@ -51,5 +51,16 @@ for n in s46soup s46soup2; do  # soup.sh's launches: the three soups, then seed 
     tr '\r' '\n' < runs/s46/$n.log | grep -av "it/s\]\|examples/s\]\|s/it\]\|ETA" > "$dst/soups/$n.log"
     cp runs/s46/${n}_load.log "$dst/soups/${n}_load.log"
 done
+if [[ -f runs/s46/real1soup/eval/transfer/rft-soup.json ]]; then  # soup_resume.sh: run-all's own rft_soup path
+    mkdir -p "$dst/real1soup/eval/transfer"
+    cp runs/s46/real1soup/eval/rft-soup.json "$dst/real1soup/eval/"
+    cp runs/s46/real1soup/eval/transfer/rft-soup.json "$dst/real1soup/eval/transfer/"
+    cp runs/s46/real1soup/rft/soup/ckpt/atom_state.json runs/s46/real1soup/summary.md "$dst/real1soup/"
+    for n in s46rs s46rs2; do
+        tr '\r' '\n' < runs/s46/$n.log | grep -av "it/s\]\|examples/s\]\|s/it\]\|ETA" > "$dst/real1soup/$n.log"
+    done
+    cp runs/s46/s46rs2_load.log "$dst/real1soup/load.log"
+    .venv/bin/python bench/learning_runs/s42/compare.py runs/s46/real1soup > "$dst/compare_real1soup.txt"
+fi
 .venv/bin/python bench/learning_runs/s44/arms.py "${pairs[@]}" > "$dst/arms.txt"
 .venv/bin/python bench/real_docs/reading.py "${tables[@]}" > "$dst/reading.txt"
