@@ -29,13 +29,16 @@ def check(ckpts: list[str]) -> None:
     if len(ckpts) < 2:
         raise InputError(f"a soup needs at least two checkpoints, got {len(ckpts)}", hint="name two or more")
     first = Path(ckpts[0])
+    def shared(c: Path) -> dict:  # None for a file the folder lacks
+        return {name: (c / name).read_bytes() if (c / name).is_file() else None for name in SHARED}
     for c in map(Path, ckpts):
         if not (c / WEIGHTS).is_file():
             raise InputError(f"no {WEIGHTS}: a soup averages full checkpoints", file=str(c),
                              hint="a LoRA adapter folder holds no full weights; save the merged model")
-        for name in SHARED:
-            if (c / name).is_file() != (first / name).is_file() or \
-                    ((c / name).is_file() and (c / name).read_bytes() != (first / name).read_bytes()):
+    want = shared(first)
+    for c in map(Path, ckpts[1:]):
+        for name, data in shared(c).items():
+            if data != want[name]:
                 raise InputError(f"{name} differs from {first / name}", file=str(c / name),
                                  hint="average only checkpoints fine-tuned from one model")
 

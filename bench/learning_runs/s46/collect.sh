@@ -1,12 +1,12 @@
 #!/bin/bash
 # session 46's runs into bench/learning_runs/s46/: the seed-1 run (bench/learning_runs/s45/seed1.sh) whole, its
 # SFT and round 1's rollout from session 45's launches and round 1's tune, round 2 and their evals from session 46's
-# resumed launch (logs joined in order); the contrast arm at lr 5e-5 (bench/learning_runs/s45/contrast.sh with
-# LR=5e-5); the soups (soup.sh); paired intervals (arms.py), the baselines check (compare.py) and the reading counts
+# resumed launch (logs joined in order); the soups (soup.sh) and run-all's own soup (soup_resume.sh); paired intervals (arms.py), the baselines check (compare.py) and the reading counts
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 dst=bench/learning_runs/s46 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+strip() { tr '\r' '\n' < "$1" | grep -av "it/s\]\|examples/s\]\|s/it\]\|ETA"; }  # a log without progress bars
 mkdir -p "$tmp/seed1"
 cat runs/s45/s45.log runs/s45b/s45b.log runs/s45r/s45r.log runs/s46/s46.log > "$tmp/seed1/real.log"
 cat runs/s45/s45_load.log runs/s45b/s45b_load.log runs/s45r/s45r_load.log runs/s46/s46_load.log > "$tmp/seed1/load.log"
@@ -21,18 +21,6 @@ for r in 01 02; do
     fi
 done
 [[ -f runs/s45/real1/eval/transfer/rft-02.json ]] && pairs+=(runs/s45/real1:rft-02=runs/s45/real1:rft-01)
-c=runs/s46/contrast_lr5
-if [[ -f $c/eval/contrast.json ]]; then
-    .venv/bin/python bench/learning_runs/s42/compare.py $c > "$dst/compare_contrast_lr5.txt"
-    mkdir -p "$dst/contrast_lr5/eval/transfer"
-    cp $c/updates.jsonl "$dst/contrast_lr5/"
-    cp $c/eval/contrast.json "$dst/contrast_lr5/eval/"
-    cp $c/eval/transfer/contrast.json "$dst/contrast_lr5/eval/transfer/"
-    tr '\r' '\n' < runs/s46/s46lr5.log | grep -av "it/s\]\|examples/s\]\|s/it\]\|ETA" > "$dst/contrast_lr5/contrast.log"
-    cp runs/s46/s46lr5_load.log "$dst/contrast_lr5/load.log"
-    pairs+=($c:contrast=runs/s43/real:sft $c:contrast=runs/s45/contrast:contrast $c:contrast=runs/s43/real:rft-01)
-    tables+=($c/eval/transfer/contrast.parquet)
-fi
 for d in runs/s46/soups/*/; do
     n=$(basename "$d")
     [[ -f $d/eval/transfer/$n.json && -f $d/eval/$n.json ]] || continue
@@ -48,7 +36,7 @@ for d in runs/s46/soups/*/; do
 done
 for n in s46soup s46soup2; do  # soup.sh's launches: the three soups, then seed 1's
     [[ -f runs/s46/$n.log ]] || continue
-    tr '\r' '\n' < runs/s46/$n.log | grep -av "it/s\]\|examples/s\]\|s/it\]\|ETA" > "$dst/soups/$n.log"
+    strip runs/s46/$n.log > "$dst/soups/$n.log"
     cp runs/s46/${n}_load.log "$dst/soups/${n}_load.log"
 done
 if [[ -f runs/s46/real1soup/eval/transfer/rft-soup.json ]]; then  # soup_resume.sh: run-all's own rft_soup path
@@ -57,7 +45,7 @@ if [[ -f runs/s46/real1soup/eval/transfer/rft-soup.json ]]; then  # soup_resume.
     cp runs/s46/real1soup/eval/transfer/rft-soup.json "$dst/real1soup/eval/transfer/"
     cp runs/s46/real1soup/rft/soup/ckpt/atom_state.json runs/s46/real1soup/summary.md "$dst/real1soup/"
     for n in s46rs s46rs2; do
-        tr '\r' '\n' < runs/s46/$n.log | grep -av "it/s\]\|examples/s\]\|s/it\]\|ETA" > "$dst/real1soup/$n.log"
+        strip runs/s46/$n.log > "$dst/real1soup/$n.log"
     done
     cp runs/s46/s46rs2_load.log "$dst/real1soup/load.log"
     .venv/bin/python bench/learning_runs/s42/compare.py runs/s46/real1soup > "$dst/compare_real1soup.txt"
