@@ -16,7 +16,7 @@ Benchmarks (NAMES):
 - `sqlite`: SQLite's documentation from Debian's `sqlite3-doc` package (public domain):
   C API pages, SQL language pages, pragmas, limits, compile-time options, result codes, the
   file format and other topic pages, cut into ~100-200-word passages by
-  `bench/real_docs/build_sqlite.py`; hand-written short-answer questions, 1-hop (the answer
+  `scripts/build_sqlite.py`; hand-written short-answer questions, 1-hop (the answer
   is in one passage) and 2-hop (one passage names the entity, another holds the fact): 139 split
   60/40 by a fixed rule (55 test), then a training-only supplement of 400 (`sqlite_140`-`sqlite_599`)
   and a test-only supplement of 60 (`sqlite_600` on) on pages no training question uses: 484 train,
@@ -58,7 +58,7 @@ def load(name: str) -> tuple[list[dict], list[dict]]:
     return corpus, questions
 
 
-def _occurs(answer: str, text: str) -> bool:
+def occurs(answer: str, text: str) -> bool:
     """Case-insensitive substring test that ignores digit-group commas ("1,000" = "1000")."""
     a, t = answer.lower(), text.lower()
     return a in t or a.replace(",", "") in t.replace(",", "")
@@ -88,9 +88,9 @@ def verify(questions: list[dict], corpus: list[dict]) -> list[str]:
             problems.append(f"{qid}: unknown support passage(s) {missing}")
         text = q.get("question", "")
         for g in golds:
-            if _occurs(g, text):
+            if occurs(g, text):
                 problems.append(f"{qid}: golden answer {g!r} occurs in the question")
-            if not any(_occurs(g, docs[s]) for s in support if s in docs):
+            if not any(occurs(g, docs[s]) for s in support if s in docs):
                 problems.append(f"{qid}: golden answer {g!r} is in none of its support passages")
     return problems
 
