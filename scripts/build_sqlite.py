@@ -5,8 +5,8 @@ The SQLite documentation is in the public domain, so the extracted text is commi
 running it again on the same package gives the same bytes:
 
     cd /tmp && apt-get download sqlite3-doc && dpkg -x sqlite3-doc_*.deb pkg
-    python bench/real_docs/build_sqlite.py /tmp/pkg/usr/share/doc/sqlite3
-    python bench/real_docs/build_sqlite.py --check        # verify the questions, report BM25 top-3
+    python scripts/build_sqlite.py /tmp/pkg/usr/share/doc/sqlite3
+    python scripts/build_sqlite.py --check        # verify the questions, report BM25 top-3
 
 (the shipped file was built from sqlite3-doc 3.40.1-2+deb12u2, Debian 12, with trafilatura
 2.3.1; another trafilatura may cut text differently).
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import trafilatura
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "atomcli" / "data" / "sqlite_docs"
 MIN_WORDS, TARGET_WORDS, MAX_WORDS = 40, 150, 200
 
@@ -230,10 +230,10 @@ def write_gz(rows: list[dict], path: Path) -> int:
     return len(data)
 
 
-# Questions from sqlite_140 on are a training supplement (session 22: 121 more questions, 96 1-hop and 25
-# 2-hop, written against passages no test question answers from), so that the SFT sees real text to read in
-# more than 84 trajectories; they are all train. Questions from sqlite_600 on are a test supplement (session 33:
-# 60 questions on pages no training question uses), so that a paired interval is narrower than on the first 55.
+# Questions sqlite_140-sqlite_599 are a training supplement (written against passages no test question answers
+# from), so that the SFT sees real text to read in more than 84 trajectories; they are all train. Questions from
+# sqlite_600 on are a test supplement (60 questions on pages no training question uses), so that a paired interval
+# is narrower than on the first 55.
 SUPPLEMENT_FROM = 140
 TEST_SUPPLEMENT_FROM = 600
 
@@ -284,8 +284,8 @@ def check(top_k: int = 3) -> int:
             ids = {urllib.parse.unquote(r["url"][len(search_local.LOCAL_PREFIX):]) for r in res}
             row = stats.setdefault(q["hops"], [0, 0, 0, 0])
             row[0] += 1
-            row[1] += any(real_docs._occurs(g, snippets) for g in q["golden_answers"])
-            row[2] += any(real_docs._occurs(g, passages) for g in q["golden_answers"])
+            row[1] += any(real_docs.occurs(g, snippets) for g in q["golden_answers"])
+            row[2] += any(real_docs.occurs(g, passages) for g in q["golden_answers"])
             row[3] += q["support"][-1] in ids  # the passage that holds the answer (last support)
         index.close()
     n = sum(r[0] for r in stats.values())

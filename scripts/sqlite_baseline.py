@@ -5,7 +5,7 @@ question text, put into one user message with the question; the model answers gr
 short generation, no tools, no turns. Scored with the same official scorers as `atom eval`, and
 written as an answered table so `atom eval --compare` can pair it with an agent's eval:
 
-    python bench/real_docs/baseline.py --world runs/real --model smollm2 --out runs/real/top3.parquet
+    python scripts/sqlite_baseline.py --world runs/real --model smollm2 --out runs/real/top3.parquet
     atom eval runs/real/top3.parquet --out top3.json
     atom eval runs/eval/step-0010.parquet --out agent.json --compare runs/real/top3.parquet
 
@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 PROMPT = ("Answer the question with a short phrase (a name, a number or a few words), using the passages.\n\n"

@@ -9,7 +9,8 @@ counts the questions whose answer was in the snippets of that one search and whi
 snippets (`--search-options snippets=query`); the "lead sentence" column counts the questions whose first snippet
 holding the answer holds it in its first sentence, the sentence a policy with a position habit quotes.
 
-    python bench/real_docs/ceiling.py runs/sr/sft/real --report runs/s18/transfer/step-0010.json
+    atom demo-world --real sqlite --out runs/sqlite
+    python scripts/sqlite_ceiling.py runs/sqlite --report agent.json   # agent.json: `atom eval ... --out agent.json`
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
