@@ -54,18 +54,21 @@ class EvalConfig:
     judge: str = opt("", "optional LLM judge SPEC for a correct/incorrect verdict next to F1")
     f1: str = opt(metrics.DEFAULT_F1, "F1 scorer: squad (SQuAD v1.1), hotpot (HotpotQA/FlashRAG), "
                                       "set (DeepResearcher); token = squad")
-    greedy: bool = opt(True, "greedy decoding when rolling out")
-    max_turns: int = opt(0, "turn cap when rolling out (0 = the [rollout] section's, else 10)")
-    max_new_tokens: int = opt(0, "token cap per turn when rolling out (0 = the [rollout] section's, else 512)")
+    greedy: bool = opt(True, "greedy decoding when rolling out", advanced=True)
+    max_turns: int = opt(0, "turn cap when rolling out (0 = the [rollout] section's, else 10)", advanced=True)
+    max_new_tokens: int = opt(0, "token cap per turn when rolling out (0 = the [rollout] section's, else 512)",
+                              advanced=True)
     date: str = opt(FIXED_DATE, "date stated in the system prompt when rolling out (fixed, so that an eval "
-                                "repeated on another day gives the same numbers; the [rollout] section's wins)")
+                                "repeated on another day gives the same numbers; the [rollout] section's wins)",
+                    advanced=True)
     seed: int = opt(0, "random seed")
     limit: int = opt(0, "evaluate only the first N questions (0 = all)")
-    judge_batch: int = opt(32, "prompts per judge call (one failing call loses at most this many verdicts)")
+    judge_batch: int = opt(32, "prompts per judge call (one failing call loses at most this many verdicts)",
+                           advanced=True)
     # the rule at the turn cap as an *evaluation* rule, without the training rollouts using it (the learn
     # preset: the RL rollouts end at the cap, the evals of the SFT and of every step answer there)
     last_turn_note: bool = opt(False, "when rolling out: the note before the last turn that it must answer "
-                                      "(on if the [rollout] section sets it)")
+                                      "(on if the [rollout] section sets it)", advanced=True)
     force_answer: bool = opt(False, "when rolling out: a last turn that still calls a tool is followed by one "
                                     "forced answer turn (on if the [rollout] section sets it)")
     # the [rollout] settings (k, batch size, reader...) the questions are rolled out with; not a flag:
