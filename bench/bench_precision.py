@@ -16,10 +16,11 @@ policy refreshed after each update would be) and bf16 autocast over fp32 weights
 says how many answers equal fp32's: on this CPU decoding is mostly small matmuls and attention over
 a long KV cache, so the matmul speed-up of training need not carry over.
 
-    .venv/bin/python bench/bench_precision.py --sft-data runs/learning/sft/world/sft.parquet \\
-        --rewarded runs/learning/fused/steps/0001/rewarded.parquet --model runs/learning/sft/sft
-    .venv/bin/python bench/bench_precision.py --only decode --model runs/learning/sft/sft \\
-        --questions runs/learning/sft/world/test.jsonl --index runs/learning/sft/world/index.sqlite
+    # RUN: a run-all folder with an SFT and a GRPO step, e.g. the demo tour (`atom run-all --demo --out RUN`)
+    .venv/bin/python bench/bench_precision.py --sft-data RUN/world/sft.parquet \\
+        --rewarded RUN/steps/0001/rewarded.parquet --model RUN/sft
+    .venv/bin/python bench/bench_precision.py --only decode --model RUN/sft \\
+        --questions RUN/world/test.jsonl --index RUN/world/index.sqlite
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def decode(precision: str, args, ctx) -> dict:
     from atomcli.stages import rollout
     questions = tableio.read_table(args.questions).slice(0, args.decode_questions)
     model, tok = models.load(args.model, dtype="bfloat16" if precision == "bf16-weights" else "float32")
-    ctx._cache[("model", args.model, ())] = (model, tok)  # the rollout's context.model(spec) gets this one
+    ctx.cached(("model", args.model, ()), lambda: (model, tok))  # the rollout's context.model(spec) gets this one
     cfg = rollout.RolloutConfig(model=args.model, search=f"local:{args.index}", group_size=args.decode_group,
                                 max_turns=4, max_new_tokens=192, k=3, temperature=args.decode_temperature,
                                 batch_size=32, date="2026-01-01", seed=0)

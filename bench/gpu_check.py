@@ -1,6 +1,6 @@
 """GPU check: rollout and grpo-step throughput, MFU and peak memory in bf16 on one CUDA device.
 
-Ready for the day a GPU is lent; nothing is downloaded. The policy is a random-init model of
+One CUDA device, under 8 minutes; nothing is downloaded. The policy is a random-init model of
 Qwen2.5-1.5B's published shape (`atomcli.scale.QWEN25`, real vocabulary size) built from its
 config on the device; the tokenizer is the embedded SmolLM2's (`atomcli.models`), whose ids
 all lie inside that vocabulary. Measured, with atomcli's own code paths:
@@ -345,7 +345,7 @@ def main() -> None:
             s = steps[-1]
             print(f"grpo-step {mode}: {s['rate']:.0f} tokens/s, MFU {_pct(s['mfu'])}, peak {_gib(s['peak'])} GiB "
                   f"(predicted {_gib(s['predicted'])}), loss {s['loss']:.4g}", flush=True)
-        except Exception as e:  # one failed precision must not lose the other's numbers on a lent machine
+        except Exception as e:  # one failed precision must not lose the other's numbers on a borrowed machine
             failures.append(f"--precision {mode}: {_first_line(e)}")
             print(f"grpo-step {mode} failed: {failures[-1]}", file=sys.stderr, flush=True)
             if args.cpu_smoke:

@@ -4,7 +4,7 @@
 # plots to bench/plots/. Environment:
 #   THREADS=1    torch threads for every benchmark (1 is the fair setting on a shared machine)
 #   MODEL=smollm2  policy for rollout/grpo/MFU comparisons (tiny = random, fastest)
-#   BIG=1        the issue's full sizes (100k-row tables, 100k-document search, more repeats)
+#   BIG=1        the full sizes (100k-row tables, 100k-document search, more repeats)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

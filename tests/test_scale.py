@@ -1,4 +1,4 @@
-"""The memory arithmetic of atomcli/scale.py (docs/SCALE.md) against real models, and the GPU check's CPU smoke.
+"""The memory arithmetic of atomcli/scale.py (docs/SCALE.md) against real models.
 
 Parameter counts are checked exactly on the published Qwen2.5 shapes (built on the meta device:
 no memory) and on small random-init cousins; optimizer-state bytes on cousins after one AdamW
@@ -9,12 +9,8 @@ step through grpo-step's own `make_optimizer`; activation bytes against what aut
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT
 
 from atomcli import scale
 
@@ -155,26 +151,3 @@ def test_fitting_verdicts_that_the_doc_states():
     assert scale.fits(scale.budget(s7, scale.SETUPS[f"FSDP x{scale.WORLD}"], mixed).total)
     assert scale.fits(scale.budget(s7, scale.SETUPS["LoRA, 1 GPU"], fp32).total)
     assert not scale.fits(scale.budget(scale.QWEN25["14B"], scale.SETUPS["LoRA, 1 GPU"], fp32).total)
-
-
-def _gpu_check(*args, env=None):
-    full = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", **(env or {})}
-    return subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), *args], capture_output=True, text=True,
-                          env=full, timeout=120, cwd=ROOT, check=False)
-
-
-def test_gpu_check_fails_fast_without_a_device():
-    proc = _gpu_check()
-    assert proc.returncode == 3
-    assert "no CUDA device" in proc.stderr and "--cpu-smoke" in proc.stderr
-
-
-def test_gpu_check_cpu_smoke_runs_the_same_code_path(tmp_path, tiny_model):
-    # tiny_model: the embedded SmolLM2 (whose tokenizer the check uses) is converted by then
-    proc = _gpu_check("--cpu-smoke", env={"OUT": str(tmp_path)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    text = (tmp_path / "gpu_check.md").read_text()
-    assert "| rollout, HF engine |" in text
-    for precision in ("bf16", "fp32"):  # grpo-step --precision: the GPU default, the CPU default
-        assert f"| grpo-step update | --precision {precision} |" in text
-    assert "Failed" not in text
