@@ -1,5 +1,5 @@
 """atomcli.train.resident.after_update: the hand-over of the in-memory policy after a grpo-step update,
-shared by run-all and bench/learning_runs/s45/contrast.py (no model: the update's result is a stand-in)."""
+as run-all calls it (no model: the update's result is a stand-in)."""
 
 from __future__ import annotations
 
