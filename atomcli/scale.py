@@ -1,11 +1,11 @@
 """Memory on paper: bytes per GPU to train a Qwen2.5-shaped policy with `grpo-step`.
 
-The arithmetic behind docs/SCALE.md, which this module generates (the block between the
+The arithmetic behind docs/scale.md, which this module generates (the block between the
 `scale.py` markers) and checks:
 
     python -m atomcli.scale            # print the generated tables (Markdown)
-    python -m atomcli.scale --write    # rewrite the generated block of docs/SCALE.md
-    python -m atomcli.scale --check    # exit 1 when docs/SCALE.md differs from this module
+    python -m atomcli.scale --write    # rewrite the generated block of docs/scale.md
+    python -m atomcli.scale --check    # exit 1 when docs/scale.md differs from this module
 
 Parameters (Qwen2 architecture: q/k/v projections with bias, o/MLP without, two RMSNorms
 per layer, a final norm, an input embedding and an LM head that may be tied to it):
@@ -68,7 +68,7 @@ LORA_R = 16             # grpo-step's --lora-r default
 SEQ = 8192              # tokens per trajectory in the headline table (prompt + completion)
 MICRO_BATCH = 2         # examples/gpu-7b.toml's [grpo-step] micro_batch
 STEP_BYTES = 4          # AdamW `step`: one float32 scalar tensor per parameter tensor
-DOC = Path(__file__).resolve().parents[1] / "docs" / "SCALE.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "scale.md"
 BEGIN, END = "<!-- scale.py:begin (generated: python -m atomcli.scale --write) -->", "<!-- scale.py:end -->"
 
 
@@ -91,7 +91,7 @@ class Shape:
 
 
 HF = "https://huggingface.co/"
-# The published config.json values (read from copies of Qwen/Qwen2.5-*-Instruct's config.json; see SCALE.md).
+# The published config.json values (read from copies of Qwen/Qwen2.5-*-Instruct's config.json; see docs/scale.md).
 QWEN25 = {s.name: s for s in (
     Shape("0.5B", 896, 24, 14, 2, 4864, 151936, True, HF + "osllmai-community/Qwen2.5-0.5B/blob/main/config.json"),
     Shape("1.5B", 1536, 28, 12, 2, 8960, 151936, True,
@@ -334,7 +334,7 @@ def sequence_table(name: str = "7B") -> str:
 
 
 def generated() -> str:
-    """The block of docs/SCALE.md between the markers."""
+    """The block of docs/scale.md between the markers."""
     mixed, ours, fp32 = (PRECISIONS[k] for k in ("bf16-mixed", "bf16-autocast", "fp32"))
     batch = f"{SEQ}-token trajectories, micro-batch {MICRO_BATCH}, padded"
     return "\n\n".join([
@@ -378,8 +378,8 @@ def write(doc: Path = DOC) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     group = ap.add_mutually_exclusive_group()
-    group.add_argument("--check", action="store_true", help="exit 1 if docs/SCALE.md is out of date")
-    group.add_argument("--write", action="store_true", help="rewrite the generated block of docs/SCALE.md")
+    group.add_argument("--check", action="store_true", help="exit 1 if docs/scale.md is out of date")
+    group.add_argument("--write", action="store_true", help="rewrite the generated block of docs/scale.md")
     args = ap.parse_args(argv)
     if args.check:
         if check():

@@ -469,7 +469,7 @@ def test_every_shipped_example_starts_a_demo_run(tmp_path, example):
 def test_the_gpu_example_is_a_run_that_follows_its_trainer(tmp_path):
     """examples/gpu-7b.toml passes every start-of-run check (the same Run a real start builds, nothing
     written, no server contacted) and describes a served policy that follows a LoRA trainer that fits one
-    GPU (docs/SCALE.md) through full merged weights on disk."""
+    GPU (docs/scale.md) through full merged weights on disk."""
     from atomcli.context import Context
     settings = run_all.prepare(tmp_path / "run", False, False, str(ROOT / "examples" / "gpu-7b.toml"),
                                Context(quiet=True), build=False)

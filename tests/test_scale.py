@@ -1,4 +1,4 @@
-"""The memory arithmetic of atomcli/scale.py (docs/SCALE.md) against real models.
+"""The memory arithmetic of atomcli/scale.py (docs/scale.md) against real models.
 
 Parameter counts are checked exactly on the published Qwen2.5 shapes (built on the meta device:
 no memory) and on small random-init cousins; optimizer-state bytes on cousins after one AdamW
@@ -140,7 +140,7 @@ def test_activation_formula_matches_what_autograd_saves(precision, padded):
 
 
 def test_scale_doc_is_generated_from_the_module():
-    assert scale.check(), "docs/SCALE.md is out of date: run `python -m atomcli.scale --write`"
+    assert scale.check(), "docs/scale.md is out of date: run `python -m atomcli.scale --write`"
     assert scale.main(["--check"]) == 0
 
 

@@ -216,7 +216,7 @@ def run(table, config: GRPOConfig, context):
     resident = context.resident if context.resident is not None and context.resident.stands_for(config.model) else None
     if resident is not None and world.size > 1:
         raise InputError("run-all's in-memory policy trains in one process",
-                         hint="launch the stages one by one under accelerate launch (docs/SCALE.md)")
+                         hint="launch the stages one by one under accelerate launch (docs/scale.md)")
     policy = (_resident_policy(config, resident) if resident is not None
               else _load_policy(config, checkpoint.read_state(config.model), context, device, context.log))
     model, tok = policy.model, policy.tokenizer
