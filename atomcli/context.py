@@ -7,24 +7,23 @@ backend, a judge) they ask the context for. The context caches what it loads, wh
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from rich.console import Console
 
+from atomcli import safety
+from atomcli.home import atom_home
+
 if TYPE_CHECKING:
     from atomcli.train.resident import ResidentPolicy
 
 
-def atom_home() -> Path:
-    return Path(os.environ.get("ATOM_HOME", Path.home() / ".cache" / "atomcli"))
-
-
 @dataclass
 class Context:
-    console: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    # every string it prints (logs, tables of table text) shows control characters as escapes
+    console: Console = field(default_factory=lambda: safety.console(stderr=True, highlight=False))
     quiet: bool = False
     home: Path = field(default_factory=atom_home)
     _cache: dict = field(default_factory=dict, repr=False)

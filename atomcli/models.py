@@ -36,7 +36,7 @@ def find_gguf() -> Path:
 
 
 def demo_model_dir(home: Path | None = None) -> Path:
-    from atomcli.context import atom_home
+    from atomcli.home import atom_home
     return (home or atom_home()) / "models" / "smollm2"
 
 

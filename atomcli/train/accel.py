@@ -190,7 +190,7 @@ def dummy_micro_batch(device, pad_id: int = 0):
     """Two pad tokens, one target, loss mask 0 and weight 0: a pass that adds exactly 0 to every gradient."""
     import torch
 
-    from atomcli.train.grpo import MicroBatch
+    from atomcli.train.microbatch import MicroBatch
     long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
     zero = torch.zeros(1, dtype=torch.float32, device=device)
     return MicroBatch(long([[pad_id, pad_id]]), long([[1, 1]]), long([0]), long([0]), long([pad_id]),

@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from atomcli.train.microbatch import MicroBatch
+
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: keeps a stale or corrupt old_logprob from producing inf
 
 
@@ -88,21 +90,6 @@ class World:
 
 
 # --- micro-batches --------------------------------------------------------------------------------
-
-@dataclass
-class MicroBatch:
-    input_ids: object       # [b, L] right-padded
-    attention_mask: object  # [b, L]
-    rows: object            # [n] which sequence each target token belongs to
-    cols: object            # [n] position of the hidden state that predicts it
-    targets: object         # [n] completion tokens up to each row's last sampled one
-    loss_mask: object       # [n] 1 = sampled by the policy, 0 = tool response / template glue
-    old: object             # [n]
-    adv: object             # [n] each token's advantage: its turn's (turn_advantages), else the trajectory's
-    weight: object          # [n] the token's share of the aggregated loss
-    n_input_tokens: int
-    ref: object = None      # [n] reference log-probs, filled when beta > 0
-
 
 def micro_batches(batch: Batch, config: LossSettings, world: World, device, pad_id: int = 0) -> list[MicroBatch]:
     """This rank's share of the batch, in micro-batches of similar lengths, with loss weights."""
