@@ -128,6 +128,9 @@ def _param(name: str, annotation, default=inspect.Parameter.empty):
 
 
 def _flag_params(cfg_cls, skip=()) -> list[inspect.Parameter]:
+    """One option per config field (advanced ones hidden from --help, still accepted), then one hidden
+    option per removed key, so that an old spelling gets its deprecation line or its hint."""
+    from atomcli import config as cfgmod
     hints = typing.get_type_hints(cfg_cls)
     params = []
     for f in dataclasses.fields(cfg_cls):
@@ -140,17 +143,24 @@ def _flag_params(cfg_cls, skip=()) -> list[inspect.Parameter]:
         names = ["--" + f.name.replace("_", "-")] + list(f.metadata.get("short", []))
         if typ is bool:
             names = [f"--{f.name.replace('_', '-')}/--no-{f.name.replace('_', '-')}"]
-        params.append(_param(f.name, Annotated[Optional[typ], typer.Option(*names, help=help_text, show_default=False)], None))
+        params.append(_param(f.name, Annotated[Optional[typ], typer.Option(
+            *names, help=help_text, show_default=False, hidden=cfgmod.is_advanced(f))], None))
+    for key, gone in cfgmod.removed_keys(cfg_cls).items():
+        typ = str if gone.takes_value else bool
+        params.append(_param(key, Annotated[Optional[typ], typer.Option(
+            "--" + key.replace("_", "-"), hidden=True, show_default=False)], None))
     return params
 
 
 def stage_command(name: str, module: str, config: str, args: list[tuple[str, str]], handler: Callable,
                   extra: list[inspect.Parameter] = (), skip: tuple = (), help: str = "",
-                  sections: tuple[str, ...] = ()):
+                  sections: tuple[str, ...] = (), layer: Callable[[dict], dict] | None = None):
     """Register `atom NAME`: positional `args`, common options, then one flag per config field.
 
     `sections`: other sections of --config handed to the stage whole, as the dict field of the same
-    name (eval rolls out with the file's [rollout] settings, exactly as run-all does)."""
+    name (eval rolls out with the file's [rollout] settings, exactly as run-all does).
+    `layer`: settings (sections, as in a --config file) made from the command's own options, lying
+    under the --config file's (eval --run: the run's recorded settings)."""
     mod = importlib.import_module(f"atomcli.stages.{module}")
     cfg_cls = getattr(mod, config)
     skip = tuple(skip) + tuple(sections)
@@ -158,8 +168,12 @@ def stage_command(name: str, module: str, config: str, args: list[tuple[str, str
     def impl(**kw):
         from atomcli import config as cfgmod
         data = cfgmod.load_file(kw.pop("config_file"))
+        if layer is not None:
+            base = layer(kw)
+            data = {sec: {**base.get(sec, {}), **cfgmod.section(data, sec)} for sec in {*base, *data}}
         file_cfg = cfgmod.section(data, name)
         flags = {f.name: kw.pop(f.name) for f in dataclasses.fields(cfg_cls) if f.name not in skip}
+        flags.update({k: kw.pop(k) for k in cfgmod.removed_keys(cfg_cls)})
         flags = {k: v for k, v in flags.items() if v is not None}
         cfg = cfgmod.build(cfg_cls, file_cfg, flags, source=f"[{name}] section")
         if sections:
@@ -213,11 +227,20 @@ def _checkpoint_stage(stage: str):
     return handler
 
 
-def _eval_handler(cfg, mod, *, input: str, out: str, markdown: str | None, history: str | None,
-                  compare: str | None, answers: str | None):
+def _eval_handler(cfg, mod, *, input: str | None, out: str | None, markdown: str | None, history: str | None,
+                  compare: str | None, answers: str | None, run: str | None, plot: str | None, vs: str,
+                  wait: float):
     from atomcli.stages import evaluate_io
     evaluate_io.run_to_files(mod, input, cfg, _context(), out=out, markdown=markdown, history=history,
-                             compare=compare, answers=answers)
+                             compare=compare, answers=answers, run=run, plot=plot, vs=vs, wait=wait)
+
+
+def _eval_run_layer(kw: dict) -> dict:
+    """eval --run RUN: the run's recorded eval settings, under --config and flags."""
+    if not kw.get("run"):
+        return {}
+    from atomcli.stages import eval_run
+    return eval_run.sections(kw["run"])
 
 
 stage_command("sft", "sft", "SFTConfig", [("data", "Trajectory table or chat JSONL (`messages` column).")],
@@ -238,31 +261,46 @@ stage_command("rft", "rft", "RFTConfig", [("input", "Rollout table on training q
 stage_command("grpo-step", "grpo_step", "GRPOConfig", [("data", "Rewarded rollout table.")],
               _checkpoint_stage("grpo-step"),
               extra=[_param("out", Annotated[str, typer.Option("--out", "-o", help="New checkpoint folder.")])])
-stage_command("eval", "evaluate", "EvalConfig", [("input", "Answered rollouts, or questions with --model.")],
-              _eval_handler, sections=("rollout",),
-              extra=[_param("out", Annotated[str, typer.Option("--out", "-o", help="Report JSON (`-` = stdout).")]),
+from atomcli.stages.eval_history import DEFAULT_WAIT as _EVAL_WAIT  # noqa: E402
+
+stage_command("eval", "evaluate", "EvalConfig", [], _eval_handler, sections=("rollout",), layer=_eval_run_layer,
+              extra=[_param("input", Annotated[Optional[str], typer.Argument(
+                         help="Answered rollouts, or questions with --model (default with --run: the run's test "
+                              "questions; none with --history alone: show its series).",
+                         show_default=False, metavar="INPUT")], None),
+                     _param("run", Annotated[Optional[str], typer.Option("--run", help="Evaluate as this run of `atom run-all` evaluates: its questions, search, [rollout] and [eval] settings from RUN/config.json, and its newest checkpoint; --config and flags override.")], None),
+                     _param("out", Annotated[Optional[str], typer.Option("--out", "-o", help="Report JSON (`-` = stdout); with --history alone, the series JSON.")], None),
                      _param("markdown", Annotated[Optional[str], typer.Option("--markdown", help="Also write a Markdown report.")], None),
-                     _param("history", Annotated[Optional[str], typer.Option("--history", help="Append one JSON line per run (for cron).")], None),
-                     _param("compare", Annotated[Optional[str], typer.Option("--compare", help="Baseline: a report JSON or an answered table of the same questions; adds F1/EM differences with paired 95% bootstrap intervals.")], None),
-                     _param("answers", Annotated[Optional[str], typer.Option("--answers", help="With --model: also write the answered table it rolls out (Parquet, or JSONL by extension), the transcripts behind the report.")], None)])
+                     _param("history", Annotated[Optional[str], typer.Option("--history", help="Append one JSON line per run (for cron): checkpoint, version, settings digest, per-question scores; a settings change is reported. Alone (no INPUT, no --run): show its series.")], None),
+                     _param("plot", Annotated[Optional[str], typer.Option("--plot", help="Draw the --history series as a PNG: F1 per line, ΔF1 with paired 95% intervals, settings changes marked.")], None),
+                     _param("vs", Annotated[str, typer.Option("--vs", help="The series' ΔF1 is paired with the `first` line of the same settings, or the `previous` line.")], "first"),
+                     _param("wait", Annotated[float, typer.Option("--wait", help="Seconds to wait for another eval writing the same --history before refusing.")], _EVAL_WAIT),
+                     _param("compare", Annotated[Optional[str], typer.Option("--compare", help="Baseline: a report JSON or an answered table of the same questions; adds F1/EM differences with paired 95% bootstrap intervals (only questions with the same id, text, golden answers and data_source are paired).")], None),
+                     _param("answers", Annotated[Optional[str], typer.Option("--answers", help="With --model: also write the answered table it rolls out (Parquet, or JSONL by extension), the transcripts behind the report.")], None)],
+              help="F1 / EM / cover-EM per data_source of answered rollouts, or of a model rolled out on questions; "
+                   "with --run, exactly as a run-all run evaluates.")
 
 
 # --- utility commands ------------------------------------------------------------------------
 
+from atomcli.stages.run_all import presets as _run_all_presets  # noqa: E402  (the --preset help is data)
+
+
 @app.command("run-all", cls=AtomCommand)
 @guarded
 def run_all_cmd(
-    out: Annotated[str, typer.Option("--out", "-o", help="Run folder: every table, checkpoint, metrics.jsonl, plots.")],
-    config_file: Annotated[Optional[str], typer.Option("--config", help="TOML file: [run-all] plus one section per stage.")] = None,
-    demo: Annotated[bool, typer.Option("--demo", help="Everything embedded: demo world, local index, SmolLM2, offline judge.")] = False,
-    quick: Annotated[bool, typer.Option("--quick", help="With --demo: a tiny model and a few steps (CI smoke test).")] = False,
+    out: Annotated[str, typer.Option("--out", "-o", help="Run folder: every table, checkpoint, metrics.jsonl, summary.md, plots.")],
+    preset: Annotated[Optional[str], typer.Option("--preset", help=_run_all_presets.preset_help())] = None,
+    config_file: Annotated[Optional[str], typer.Option("--config", help="TOML file: [run-all] plus one section per stage (on top of --preset).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last complete step in --out.")] = False,
-    preset: Annotated[str, typer.Option("--preset", help="With --demo: `demo` (the ~25-minute tour), `learn` (the learning study: a 40-step SFT on the stepwise world, 8 GRPO steps of 8 questions, evals on all 100 test questions; bench/LEARNING.md has its measured minutes) or `real` (an agent for real documents: the stepwise-real world, one SFT epoch, two rejection-sampling rounds on the SQLite benchmark's training questions; several hours on 2 CPU cores).")] = "demo",
+    demo: Annotated[bool, typer.Option("--demo", hidden=True, help="Deprecated: --preset demo.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", hidden=True, help="Deprecated: --preset quick.")] = False,
 ):
-    """SFT, then N x [rollout -> score-rrm -> aggregate-reward -> grpo-step], with evals; one process."""
+    """SFT, optional rejection-sampling rounds (sample, keep the right answers, tune), then
+    N x [rollout -> score-rrm -> aggregate-reward -> grpo-step], with evals and a summary; one process."""
     from atomcli.stages import run_all
-    run_all.main(out=out, config_file=config_file, demo=demo, quick=quick, resume=resume, context=_context(),
-                 preset=preset)
+    run_all.main(out=out, config_file=config_file, preset=preset, demo=demo, quick=quick, resume=resume,
+                 context=_context())
 
 
 @app.command("index", cls=AtomCommand)

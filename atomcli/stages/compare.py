@@ -1,9 +1,12 @@
 """Paired comparison of two evaluations of the same questions: differences with a bootstrap interval.
 
-`eval --compare BASELINE` and run-all's summary use this so that nobody has to eyeball two F1
-numbers. Both sides are per-question scores (a question's value is the mean over its samples,
-exactly as in the report). Only questions present on both sides count; the pairing is by
-question id. The interval is the percentile 95% interval of the mean difference over
+`eval --compare BASELINE`, the eval history's time series and run-all's summary use this so that
+nobody has to eyeball two F1 numbers. Both sides are per-question scores (a question's value is
+the mean over its samples, exactly as in the report). Only questions present on both sides
+count, and only when they are the same question: the pairing is by question id, and a shared
+id whose question text, golden answers or `data_source` differ (each compared where both sides
+record it) is left out and counted (`mismatched`); when no shared id is the same question the
+comparison is refused. The interval is the percentile 95% interval of the mean difference over
 `n_boot` resamples of question ids with replacement (seeded: the same inputs give the same
 interval). Per `data_source` and overall; a source's resamples stay inside the source.
 
@@ -21,6 +24,9 @@ from atomcli.errors import InputError
 COMPARED = ("f1", "em")   # metrics compared, in report order
 N_BOOT = 10_000
 LEVEL = 0.95
+SOURCE, QUESTION, GOLDS = "source", "question_digest", "golds_digest"  # a per_question entry's identity keys
+IDENTITY = ((QUESTION, "question text"), (GOLDS, "golden answers"), (SOURCE, "data_source"))
+NO_SOURCE = "unknown"  # evaluate.UNKNOWN_SOURCE: a table without data_source records none
 
 
 def paired(new: dict, base: dict, *, n_boot: int = N_BOOT, seed: int = 0) -> dict:
@@ -41,36 +47,78 @@ def paired(new: dict, base: dict, *, n_boot: int = N_BOOT, seed: int = 0) -> dic
             "diff": mean, "low": lo, "high": hi, "p_le_0": p}
 
 
+def same_question(a: dict, b: dict) -> str | None:
+    """None when two per_question entries of one id are the same question, else what differs
+    (each identity key is compared only where both entries record it)."""
+    for key, what in IDENTITY:
+        x, y = a.get(key), b.get(key)
+        if key == SOURCE and NO_SOURCE in (x, y):
+            continue
+        if x is not None and y is not None and x != y:
+            return what
+    return None
+
+
+def identity_keys(a: dict, b: dict) -> list[str]:
+    """What two per_question tables were paired on: the id, and every identity key both record throughout."""
+    names = ["id"]
+    for key, what in IDENTITY:
+        if all(a[i].get(key) not in (None, NO_SOURCE) and b[i].get(key) not in (None, NO_SOURCE)
+               for i in set(a) & set(b)):
+            names.append(what)
+    return names
+
+
 def compare_reports(new: dict, base: dict, *, baseline_name: str = "baseline", n_boot: int = N_BOOT,
-                    seed: int = 0) -> dict:
-    """The `compare` block of a report: `new` and `base` are reports with `per_question`."""
-    pn, pb = _per_question(new, "the new report"), _per_question(base, baseline_name)
-    shared = set(pn) & set(pb)
-    if not shared:
+                    seed: int = 0, metrics: tuple[str, ...] = COMPARED) -> dict:
+    """The `compare` block of a report: `new` and `base` are reports (or eval history lines) with `per_question`."""
+    pn, pb = _per_question(new, "the new report", metrics), _per_question(base, baseline_name, metrics)
+    ids = set(pn) & set(pb)
+    if not ids:
         raise InputError(f"{baseline_name} has no question id in common with this evaluation",
                          hint="compare evaluations of the same question file")
     if new.get("f1_variant") and base.get("f1_variant") and new["f1_variant"] != base["f1_variant"]:
         raise InputError(f"{baseline_name} was scored with F1 `{base['f1_variant']}`, this one with "
                          f"`{new['f1_variant']}`", hint="pass the same --f1 to both evaluations")
-    sources = sorted({pn[i]["source"] for i in shared})
+    differ = {i: d for i in sorted(ids, key=str) if (d := same_question(pn[i], pb[i]))}
+    shared = ids - set(differ)
+    if not shared:
+        first = next(iter(differ))
+        raise InputError(f"{baseline_name} shares {len(ids)} question id(s) with this evaluation, but none is the "
+                         f"same question (id `{first}`: the {differ[first]} differs)",
+                         hint="compare evaluations of the same question file")
+    sources = sorted({pn[i].get(SOURCE, NO_SOURCE) for i in shared})
     out = {"baseline": baseline_name, "level": LEVEL, "n_boot": n_boot, "n_shared": len(shared),
-           "only_new": len(set(pn) - shared), "only_baseline": len(set(pb) - shared),
+           "only_new": len(set(pn) - ids), "only_baseline": len(set(pb) - ids),
+           "mismatched": len(differ), "mismatched_ids": list(differ)[:10],
+           "paired_on": identity_keys({i: pn[i] for i in shared}, {i: pb[i] for i in shared}),
            "overall": {}, "by_source": {s: {} for s in sources}}
-    for metric in COMPARED:
+    for metric in metrics:
         out["overall"][metric] = paired({i: pn[i][metric] for i in shared}, {i: pb[i][metric] for i in shared},
                                         n_boot=n_boot, seed=seed)
         for s in sources:
-            ids = [i for i in shared if pn[i]["source"] == s]
-            out["by_source"][s][metric] = paired({i: pn[i][metric] for i in ids}, {i: pb[i][metric] for i in ids},
+            sub = [i for i in shared if pn[i].get(SOURCE, NO_SOURCE) == s]
+            out["by_source"][s][metric] = paired({i: pn[i][metric] for i in sub}, {i: pb[i][metric] for i in sub},
                                                  n_boot=n_boot, seed=seed)
     return out
 
 
-def _per_question(report: dict, name: str) -> dict:
+def _per_question(report: dict, name: str, metrics: tuple[str, ...] = COMPARED) -> dict:
     pq = report.get("per_question")
     if not isinstance(pq, dict) or not pq:
         raise InputError(f"{name} has no per-question scores (`per_question`)",
                          hint="compare with a report written by this version of `atom eval`, or with the answered table")
+    for qid, entry in pq.items():
+        if not isinstance(entry, dict):
+            raise InputError(f"question `{qid}` has no scores (its `per_question` entry is "
+                             f"{type(entry).__name__}, not an object)", file=name,
+                             hint="give a report written by `atom eval`")
+        for metric in metrics:
+            value = entry.get(metric)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                shown = "missing" if metric not in entry else "null" if value is None else repr(value)[:40]
+                raise InputError(f"question `{qid}` has `{metric}` {shown}, not a number", file=name,
+                                 hint="give a report written by `atom eval`, or the answered table itself")
     return pq
 
 

@@ -33,14 +33,16 @@ import re
 from dataclasses import dataclass, field
 
 from atomcli import schema, stats
+from atomcli.stages import compare
 from atomcli.config import opt, to_dict
 from atomcli.errors import InputError
 from atomcli.rewards import metrics
 
 F1_VARIANTS = metrics.F1_VARIANTS
-UNKNOWN_SOURCE = "unknown"
+UNKNOWN_SOURCE = compare.NO_SOURCE
 FIXED_DATE = "2026-01-01"  # the system prompt's date when nobody sets one: evals must not drift by day
 PER_QUESTION_KEYS = ("f1", "em", "cover_em")
+DIGEST_CHARS = 16  # hex characters of a question's fingerprint (64 bits)
 
 # Metrics averaged per question then over questions, in report order.
 MEAN_KEYS = ("f1", "em", "cover_em", "format_error_rate", "mean_turns", "searches_per_question",
@@ -158,6 +160,7 @@ def score_table(table, f1_variant: str = metrics.DEFAULT_F1, *, verdicts: list |
     golds = table.column("golden_answers").to_pylist()
     answers = table.column("answer").to_pylist()
     sources = table.column("data_source").to_pylist() if "data_source" in cols else [None] * len(ids)
+    texts = table.column("question").to_pylist() if "question" in cols else [None] * len(ids)
     get = {c: (table.column(c).to_pylist() if c in cols else None)
            for c in ("format_ok", "n_turns", "n_search", "n_browse", "completion_ids", "loss_mask")}
     if verdicts is not None and len(verdicts) != len(ids):
@@ -172,7 +175,8 @@ def score_table(table, f1_variant: str = metrics.DEFAULT_F1, *, verdicts: list |
         source = sources[i] if sources[i] is not None else UNKNOWN_SOURCE
         q = questions.get(qid)
         if q is None:
-            q = questions[qid] = {"source": source, "gold": sorted(gold), "row": i, "samples": []}
+            q = questions[qid] = {"source": source, "gold": sorted(gold), "row": i, "samples": [],
+                                  "text": texts[i]}
         elif q["gold"] != sorted(gold) or q["source"] != source:
             column = "golden_answers" if q["gold"] != sorted(gold) else "data_source"
             raise InputError(f"id `{qid}` has a different `{column}` here than in row {q['row']}", row=i,
@@ -190,11 +194,22 @@ def score_table(table, f1_variant: str = metrics.DEFAULT_F1, *, verdicts: list |
         "scorers": metrics.scorers(f1_variant),  # which official scorer each number comes from
         "overall": _bucket(list(questions.values()), judged),
         "by_source": {src: _bucket(qs, judged) for src, qs in sorted(by_source.items())},
-        # what `eval --compare` pairs on: each question's mean over its samples
-        "per_question": {qid: {"source": q["source"],
+        # what `eval --compare` pairs on: each question's mean over its samples, and what makes it the same
+        # question (compare.same_question): its text and golden answers as digests, its source
+        "per_question": {qid: {compare.SOURCE: q["source"], compare.QUESTION: _digest(q["text"]),
+                               compare.GOLDS: _digest(q["gold"]),
                                **{k: stats.mean(s[k] for s in q["samples"]) for k in PER_QUESTION_KEYS}}
                          for qid, q in sorted(questions.items(), key=lambda kv: str(kv[0]))},
     }
+
+
+def _digest(value) -> str | None:
+    """A short stable fingerprint of a question's text or its (sorted) golden answers; None when absent."""
+    if value is None:
+        return None
+    import hashlib
+    import json
+    return hashlib.sha256(json.dumps(value, ensure_ascii=False).encode()).hexdigest()[:DIGEST_CHARS]
 
 
 def _row_metrics(i: int, answer, gold, variant: str, get: dict, verdicts) -> dict:

@@ -1,0 +1,121 @@
+"""`atom eval --run RUN`: evaluate the way a run of `atom run-all` evaluates.
+
+The run records its settings in RUN/config.json and its test questions in RUN/eval/questions.parquet
+(already cut to its `eval_limit`). `--run` takes from them exactly what run-all's own evals use
+(run_all.Run): the `[eval]` section, the `[rollout]` section (k, turns, tokens, date, reader,
+search options...), the run's `search` and `seed`, and the questions; and, as the model, the run's
+newest checkpoint:
+
+    steps/NNNN/ckpt (the highest step saved) > rft/soup/ckpt > rft/NN/ckpt (the last round) > sft/ >
+    the starting model
+
+so that a nightly eval follows a run while it trains, and, once it has finished, scores the checkpoint
+of its last eval point (eval/<eval_point>.json holds the run's own numbers for it). A run with a dev
+split may have chosen another checkpoint as final (final.json): pass `--model` with that path.
+These settings lie under `--config`, and flags override both.
+
+A path the run recorded relative to the folder it was started from (`local:runs/demo/world/index.sqlite`)
+is found inside RUN when it does not exist from here, so that cron can run from another directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from atomcli.errors import InputError
+
+QUESTIONS = Path("eval") / "questions.parquet"  # run_all writes the test questions of its evals here
+
+
+def read_settings(run: str) -> dict:
+    """RUN/config.json, checked to be a run folder's."""
+    from atomcli import safety
+    folder = Path(run)
+    if not folder.is_dir():
+        raise InputError("run folder not found", file=run, hint="give the --out folder of `atom run-all`")
+    if not safety.is_run_folder(folder):
+        raise InputError("not a run folder made by `atom run-all` (no atom_run.json)", file=run,
+                         hint="give the --out folder of `atom run-all`")
+    path = folder / "config.json"
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError("the run has no config.json yet (it was stopped before its settings were recorded)",
+                         file=str(path), hint="evaluate a run that has started its evals") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InputError(f"unreadable config.json ({e})", file=str(path), hint="give a run folder of `atom run-all`") from None
+    if not isinstance(settings, dict) or not isinstance(settings.get("run-all"), dict):
+        raise InputError("config.json has no [run-all] settings", file=str(path),
+                         hint="give the --out folder of `atom run-all`")
+    return settings
+
+
+def locate(path: str, run: str) -> str:
+    """`path` as recorded by the run, found from here: as is when it exists, else the longest tail of it
+    that exists inside RUN (the run was started from another directory), else as is."""
+    p = Path(path)
+    if not path or p.is_absolute() or p.exists():
+        return path
+    for i in range(1, len(p.parts)):
+        candidate = Path(run).joinpath(*p.parts[i:])
+        if candidate.exists():
+            return str(candidate)
+    return path
+
+
+def _locate_spec(spec: str, run: str) -> str:
+    name, sep, rest = spec.partition(":")
+    return f"{name}:{locate(rest, run)}" if name == "local" and sep else spec
+
+
+def newest_checkpoint(run: str, settings: dict) -> tuple[str, str]:
+    """(checkpoint, eval point name) of the run's newest saved checkpoint (the module docstring's order)."""
+    folder = Path(run)
+    steps = sorted(p.parent for p in folder.glob("steps/[0-9][0-9][0-9][0-9]/ckpt/config.json"))
+    if steps:
+        return str(steps[-1]), f"step-{steps[-1].parent.name}"
+    if (folder / "rft" / "soup" / "ckpt" / "config.json").is_file():
+        return str(folder / "rft" / "soup" / "ckpt"), "rft-soup"
+    rounds = sorted(p.parent for p in folder.glob("rft/[0-9][0-9]/ckpt/config.json"))
+    if rounds:
+        return str(rounds[-1]), f"rft-{rounds[-1].parent.name}"
+    if (folder / "sft" / "config.json").is_file():
+        return str(folder / "sft"), "sft"
+    from atomcli.engines import policy_sync
+    from atomcli.stages.run_all import RunAllConfig
+    model = policy_sync.trainer_model(settings["run-all"].get("model", RunAllConfig.model))
+    return (locate(model, run) if "/" in model else model), "base"
+
+
+def sections(run: str) -> dict:
+    """The `[eval]` and `[rollout]` settings of the run's evals, with its search, seed, newest checkpoint."""
+    settings = read_settings(run)
+    ra = settings["run-all"]
+    if not ra.get("search"):
+        raise InputError("the run records no search SPEC ([run-all] search)", file=str(Path(run) / "config.json"),
+                         hint="pass --search SPEC")
+    model, _ = newest_checkpoint(run, settings)
+    ev = dict(settings.get("eval") or {})
+    # run_all.Run: the [eval] section with the run's search and seed
+    ev.update(search=_locate_spec(ra["search"], run), seed=ra.get("seed", 0), model=model)
+    rollout = dict(settings.get("rollout") or {})
+    return {"eval": ev, "rollout": rollout}
+
+
+def info(run: str, model: str) -> dict:
+    """What a report records about the run it evaluated: folder, checkpoint, the run's eval of that checkpoint."""
+    settings = read_settings(run)
+    newest, point = newest_checkpoint(run, settings)
+    out = {"folder": run, "checkpoint": model, "newest": newest, "eval_point": point if model == newest else None}
+    if out["eval_point"] and (Path(run) / "eval" / f"{point}.json").is_file():
+        out["run_eval"] = str(Path(run) / "eval" / f"{point}.json")
+    return out
+
+
+def questions(run: str) -> str:
+    path = Path(run) / QUESTIONS
+    if not path.is_file():
+        raise InputError("the run has written no eval questions yet", file=str(path),
+                         hint="wait until the run has started, or give the questions file as INPUT")
+    return str(path)
