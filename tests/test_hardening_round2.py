@@ -332,8 +332,8 @@ def test_run_all_resume_refuses_a_changed_config(tmp_path):
     train = tmp_path / "missing.jsonl"
     first, second = _toml(tmp_path / "a.toml", 2, train), _toml(tmp_path / "b.toml", 5, train)
     run = tmp_path / "run"
-    settings = run_all.prepare(run, False, False, str(first), Context(quiet=True), build=False)
-    run_all._mark(run, settings)
+    settings = run_all.prepare(run, None, str(first), Context(quiet=True), build=False)
+    run_all.folder.mark(run, settings)
     before = tree(run)
     code, _, err = cli("run-all", "--config", second, "--resume", "--out", run)
     assert code == 2 and "other settings" in err and "[run-all] steps: 2 -> 5" in err

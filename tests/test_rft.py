@@ -1,5 +1,5 @@
 """`atom rft` (rejection sampling: the right, well-formed, answered trajectories, a bounded number a question) and
-run-all's rounds of it (atomcli/stages/run_rft.py)."""
+run-all's rounds of it (atomcli/stages/run_all/rft_rounds.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 from conftest import atom
 
 from atomcli.errors import InputError
-from atomcli.stages import rft, run_all, run_rft
+from atomcli.stages import rft, run_all
+from atomcli.stages.run_all import rft_rounds as run_rft
 
 
 def rows():
@@ -245,50 +246,6 @@ def test_a_soup_refuses_ingredients_that_cannot_be_averaged(tmp_path):
     assert (tmp_path / "out" / "model.safetensors").is_file() and not (tmp_path / "out.tmp").exists()
 
 
-def test_replay_mixes_a_seeded_draw_of_the_expert_rows_into_every_round_tune(tmp_path):
-    expert = [{"id": f"e{i}", "traj_id": f"e{i}/x", "data_source": "demo_2hop",
-               "messages": [{"role": "user", "content": f"e{i}"}, {"role": "assistant", "content": "<answer>x</answer>"}]}
-              for i in range(3)]
-    pq.write_table(pa.Table.from_pylist(expert), tmp_path / "sft.parquet")
-    run = FakeRun(tmp_path, rounds=2)
-    run.cfg = dataclasses.replace(run.cfg, rft_replay=1.0, sft_data=str(tmp_path / "sft.parquet"))
-    run_rft.rounds(run, _train(tmp_path), [3, 4, 5, 6, 7, 8], "SFT")
-    tunes = [c[-1] for c in run.calls if c[0] == "sft"]
-    # round 1 kept s0, s1: two expert rows; round 2 kept s2, s3 more: four kept rows, all three expert rows
-    assert tunes[0][:2] == ["s0/1/1", "s1/1/1"] and len(tunes[0]) == 4
-    assert set(tunes[0][2:]) < {"e0/x", "e1/x", "e2/x"}
-    assert tunes[1][:4] == ["s0/1/1", "s1/1/1", "s2/1/2", "s3/1/2"] and sorted(tunes[1][4:]) == ["e0/x", "e1/x", "e2/x"]
-    assert len(set(tunes[0][2:])) == 2
-    tune1 = tmp_path / "rft" / "01" / "tune.parquet"
-    mixed = pq.read_table(tune1)
-    assert mixed.column("messages").to_pylist()[2][1]["content"] == "<answer>x</answer>"
-    assert mixed.column("answer").to_pylist()[2:] == [None, None]  # the expert's rows keep only what sft reads
-    # a resumed run finds the tune files and tunes nothing again; one whose round-1 checkpoint was lost tunes on
-    # the very file it had (the draw is seeded by the run's seed and the round, and never redrawn)
-    before = tune1.read_bytes()
-    again = FakeRun(tmp_path, rounds=2)
-    again.cfg = run.cfg
-    run_rft.rounds(again, _train(tmp_path), [3, 4, 5, 6, 7, 8], "SFT")
-    assert [c for c in again.calls if c[0] == "sft"] == [] and tune1.read_bytes() == before
-    import shutil
-    shutil.rmtree(tmp_path / "rft" / "01" / "ckpt")
-    third = FakeRun(tmp_path, rounds=2)
-    third.cfg = run.cfg
-    run_rft.rounds(third, _train(tmp_path), [3, 4, 5, 6, 7, 8], "SFT")
-    assert [c[-1] for c in third.calls if c[0] == "sft"] == [tunes[0]]
-
-
-def test_replay_draws_nothing_when_the_ratio_rounds_to_zero_and_records_the_draw():
-    kept = pa.Table.from_pylist([{"id": "s0", "messages": [{"role": "user", "content": "q"}]}])
-    expert = pa.Table.from_pylist([{"id": f"e{i}", "messages": [{"role": "user", "content": "e"}]} for i in range(4)])
-    assert run_rft.replay(kept, expert, 0.4, seed=0).column("id").to_pylist() == ["s0"]
-    assert run_rft.replay(kept, expert, 0.5, seed=0).num_rows == 2  # half rounds up
-    assert run_rft.replay(kept, expert, 9.0, seed=0).num_rows == 5  # at most every expert row
-    from atomcli import schema
-    rec = schema.provenance(run_rft.replay(kept, expert, 2.0, seed=3))[-1]
-    assert (rec["stage"], rec["ratio"], rec["seed"], rec["drawn"]) == ("rft-replay", 2.0, 3, 2)
-
-
 def test_with_a_dev_split_the_rounds_leave_transfer_to_the_final_checkpoint(tmp_path):
     run = FakeRun(tmp_path, rounds=1)
     run.cfg.dev_questions = 1
@@ -330,15 +287,13 @@ def test_sources_that_match_no_question_are_refused_before_anything_runs(tmp_pat
 @pytest.mark.parametrize("extra, message", [({"rft_rounds": -1}, "rft_rounds must be >= 0, got -1"),
                                             ({"rft_group_size": 0}, "rft_group_size must be >= 1, got 0"),
                                             ({"rft_lr": 0.0}, "rft_lr must be > 0, got 0.0"),
-                                            ({"rft_replay": -0.5}, "rft_replay must be a number >= 0, got -0.5"),
-                                            ({"rft_replay": float("nan")}, "rft_replay must be a number >= 0"),
-                                            ({"rft_rounds": 1, "rft_replay": 1.0, "sft_data": ""},
-                                             "rft_replay draws the expert's rows from sft_data, which is not set")])
+                                            ({"rft_lr": float("nan")}, "rft_lr must be > 0, got nan"),
+                                            ({"rft_replay": 1.0}, "`rft_replay` was removed")])
 def test_bad_round_settings_are_refused_when_the_run_is_built(tmp_path, extra, message):
     from atomcli.context import Context
     cfg = tmp_path / "c.toml"
     cfg.write_text(run_all.to_toml({"run-all": extra}))
-    settings = run_all.prepare(tmp_path / "run", True, True, str(cfg), Context(quiet=True), build=False)
+    settings = run_all.prepare(tmp_path / "run", "quick", str(cfg), Context(quiet=True), build=False)
     with pytest.raises(InputError, match=re.escape(message)):
         run_all.Run(tmp_path / "run", settings, Context(quiet=True))
 
@@ -350,7 +305,7 @@ def test_a_lora_served_policy_cannot_follow_the_rounds_full_weight_checkpoints(t
     served = {"model": "openai:http://127.0.0.1:9/v1#m", "policy_sync": "lora-vllm", "sft_data": ""}
     for rounds, refused in ((0, False), (1, True)):
         cfg.write_text(run_all.to_toml({"run-all": {**served, "rft_rounds": rounds}, "grpo-step": {"lora": True}}))
-        settings = run_all.prepare(tmp_path / "run", True, True, str(cfg), Context(quiet=True), build=False)
+        settings = run_all.prepare(tmp_path / "run", "quick", str(cfg), Context(quiet=True), build=False)
         if refused:
             with pytest.raises(InputError, match="cannot serve an SFT checkpoint"):
                 run_all.Run(tmp_path / "run", settings, Context(quiet=True))
@@ -364,7 +319,7 @@ def test_a_quick_run_with_rounds_never_samples_a_dev_question_and_finishes(tmp_p
     cfg = tmp_path / "rft.toml"
     cfg.write_text("[run-all]\nsteps = 1\neval_base = false\ndev_questions = 2\nrft_rounds = 2\nrft_group_size = 1\n")
     out = tmp_path / "run"
-    proc = atom("run-all", "--demo", "--quick", "--config", cfg, "--out", out, check=True, timeout=900)
+    proc = atom("run-all", "--preset", "quick", "--config", cfg, "--out", out, check=True, timeout=900)
     dev = set(pq.read_table(out / "eval" / run_all.DEV / "questions.parquet").column("id").to_pylist())
     sampled = pq.read_table(out / "rft" / "01" / "questions.parquet").column("id").to_pylist()
     train = [r["id"] for r in map(__import__("json").loads, (out / "world" / "train.jsonl").read_text().splitlines())]

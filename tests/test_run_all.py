@@ -1,4 +1,4 @@
-"""run-all: the quick demo end to end, equality with the piped chain, and kill -9 + --resume."""
+"""run-all: the quick preset end to end, equality with the piped chain, kill -9 + --resume, presets, planning."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from conftest import ROOT, atom
 from atomcli import tableio
 from atomcli.errors import InputError
 from atomcli.stages import run_all
+from atomcli.stages.run_all import folder, loop
+from atomcli.stages.run_all import step_metrics as sm
 
 TABLES = ["questions", "rollouts", "scored", "rewarded"]
 
@@ -58,7 +60,7 @@ def _kill9_when(args: list, target: Path) -> None:
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("runall") / "run"
-    atom("run-all", "--demo", "--quick", "--out", out, check=True, timeout=900)
+    atom("run-all", "--preset", "quick", "--out", out, check=True, timeout=900)
     return out
 
 
@@ -72,8 +74,7 @@ def test_quick_demo_writes_every_artifact(quick_run):
     metrics = [json.loads(x) for x in (quick_run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
     assert metrics[0]["alpha"] == pytest.approx(0.5) and metrics[1]["alpha"] == pytest.approx(0.25)
-    # every diagnostic is written under the one name the report reads (atomcli/step_metrics.py)
-    from atomcli.stages import step_metrics as sm
+    # every diagnostic is written under the one name the report reads (step_metrics)
     for key in (sm.REWARD_STD, sm.ZERO_VAR_GROUPS, sm.ENTROPY, sm.CLIP_LOW, sm.CLIP_HIGH, sm.GRAD_NORM,
                 sm.RESPONSE_TOKENS, sm.SEARCHES, sm.BROWSES, sm.FORMAT_ERROR, sm.JUDGE_FALLBACKS, sm.SKIPPED):
         assert all(key in m for m in metrics), key
@@ -130,10 +131,10 @@ def test_piped_chain_equals_run_all(quick_run, tmp_path):
 
 def test_kill_then_resume_matches_uninterrupted(quick_run, tmp_path):
     out = tmp_path / "run"
-    _kill9_when(["run-all", "--demo", "--quick", "--out", out], out / "steps" / "0001" / "rollouts.parquet")
+    _kill9_when(["run-all", "--preset", "quick", "--out", out], out / "steps" / "0001" / "rollouts.parquet")
     assert not (out / "steps" / "0002" / "ckpt").exists()
 
-    atom("run-all", "--demo", "--quick", "--out", out, "--resume", check=True, timeout=900)
+    atom("run-all", "--preset", "quick", "--out", out, "--resume", check=True, timeout=900)
     for t in (1, 2):
         for name in TABLES:
             rel = Path("steps") / f"{t:04d}" / f"{name}.parquet"
@@ -145,16 +146,16 @@ def test_kill_then_resume_matches_uninterrupted(quick_run, tmp_path):
 def test_existing_folder_needs_resume(tmp_path):
     (tmp_path / "atom_run.json").write_text("{}")  # a run folder (run-all's marker)
     (tmp_path / "x").write_text("1")
-    p = atom("run-all", "--demo", "--quick", "--out", tmp_path)
+    p = atom("run-all", "--preset", "quick", "--out", tmp_path)
     assert p.returncode == 2 and b"--resume" in p.stderr
     (tmp_path / "atom_run.json").unlink()  # a folder run-all did not make: --resume would be refused too
-    p = atom("run-all", "--demo", "--quick", "--out", tmp_path)
+    p = atom("run-all", "--preset", "quick", "--out", tmp_path)
     assert p.returncode == 2 and b"--resume" not in p.stderr
 
 
 # --- presets and the curriculum -------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", sorted(run_all.PRESETS))
+@pytest.mark.parametrize("name", run_all.presets.WRITTEN_OUT)
 def test_examples_are_the_presets_written_out(name):
     import tomllib
     text = (ROOT / "examples" / f"{name}.toml").read_text()
@@ -162,21 +163,8 @@ def test_examples_are_the_presets_written_out(name):
     assert tomllib.loads(text) == run_all.PRESETS[name]
 
 
-def test_hops_curriculum_starts_low_and_reaches_every_level():
-    hops = [1, 2, 3, 4] * 25
-    plan = run_all.plan_questions(hops, steps=10, per_step=4, curriculum="hops", seed=0, levels=2)
-    assert [max(hops[i] for i in p) <= 2 for p in plan[:4]] == [True] * 4
-    assert max(hops[i] for i in plan[-1]) <= 4 and any(hops[i] == 4 for p in plan[7:] for i in p)
-    flat = [i for p in plan for i in p]
-    assert len(flat) == len(set(flat)) == 40  # no question twice while fresh ones remain
-    assert plan == run_all.plan_questions(hops, 10, 4, "hops", 0, 2)  # a pure function: resume redraws it
-    assert run_all.plan_questions(hops, 3, 4, "file") == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
-
-
-def test_curriculum_cycles_when_the_admitted_pool_is_used_up():
-    hops = [1, 1, 1, 5, 5, 5]
-    plan = run_all.plan_questions(hops, steps=3, per_step=2, curriculum="hops", levels=1)
-    assert all(hops[i] == 1 for p in plan[:2] for i in p) and all(len(set(p)) == 2 for p in plan)
+def test_file_curriculum_takes_the_file_in_order_and_wraps():
+    assert run_all.plan_questions([1] * 5, 3, 2, "file") == [[0, 1], [2, 3], [4, 0]]
 
 
 def test_question_hops_from_column_or_data_source():
@@ -217,9 +205,9 @@ def test_dynamic_sampling_rolls_out_reserve_rounds_when_groups_have_no_signal(tm
     each step rolls out its reserve round, counts the groups, and (nothing with signal) trains on the first."""
     cfg = tmp_path / "dyn.toml"
     cfg.write_text('[run-all]\nsteps = 1\neval_limit = 1\ndynamic_sampling = 1\ntransfer_limit = 1\n'
-                   'eval_base = false\n[aggregate-reward]\nno_atr = true\n')
+                   'eval_base = false\n[aggregate-reward]\nprocess = "none"\n')
     out = tmp_path / "run"
-    atom("run-all", "--demo", "--quick", "--config", cfg, "--out", out, check=True, timeout=900)
+    atom("run-all", "--preset", "quick", "--config", cfg, "--out", out, check=True, timeout=900)
     step = out / "steps" / "0001"
     first, extra = (tableio.read_table(str(p / "questions.parquet")).column("id").to_pylist()
                     for p in (step, step / "round-2"))
@@ -227,24 +215,17 @@ def test_dynamic_sampling_rolls_out_reserve_rounds_when_groups_have_no_signal(tm
     rewarded = tableio.read_table(str(step / "round-2" / "rewarded.parquet"))
     assert set(rewarded.column("advantage").to_pylist()) == {0.0}
     line = json.loads((step / "metrics.json").read_text())
-    from atomcli.stages import step_metrics as sm
     assert line[sm.SAMPLED_GROUPS] == 4 and line[sm.KEPT_GROUPS] == 0 and not (step / "selected.parquet").exists()
     assert line[sm.ZERO_VAR_GROUPS] == 1.0  # the diagnostics still show the flat groups of the first round
 
 
-def test_world_style_builds_the_research_world_and_refuses_unknown_styles(tmp_path):
+def test_an_unknown_world_style_is_refused_before_anything_is_built(tmp_path):
     from atomcli.context import Context
     cfg = tmp_path / "style.toml"
     cfg.write_text('[run-all]\nworld_style = "noir"\n')
-    with pytest.raises(InputError, match="classic, research"):
-        run_all.prepare(tmp_path / "a", True, True, str(cfg), Context(quiet=True), build=False)
-    cfg.write_text('[run-all]\nworld_style = "research"\n')
-    settings = run_all.prepare(tmp_path / "b", True, True, str(cfg), Context(quiet=True))
-    world = Path(settings["run-all"]["train"]).parent
-    assert (world / "index.sqlite").exists()
-    sft = tableio.read_table(str(world / "sft.parquet"))
-    sources = set(sft.column("data_source").to_pylist())  # demo and real-text train questions, mixed
-    assert any(s.startswith("demo_") for s in sources) and any(s.startswith("sqlite_") for s in sources)
+    with pytest.raises(InputError, match="world_style `noir`"):
+        run_all.prepare(tmp_path / "a", "quick", str(cfg), Context(quiet=True), build=False)
+    assert not (tmp_path / "a").exists()
 
 
 def test_demo_world_is_built_for_the_rollouts_snippet_order(tmp_path):
@@ -254,14 +235,14 @@ def test_demo_world_is_built_for_the_rollouts_snippet_order(tmp_path):
     from atomcli.context import Context
     cfg = tmp_path / "q.toml"
     cfg.write_text('[run-all]\nworld_style = "stepwise-real"\n[rollout]\nsearch_options = "snippets=query"\n')
-    settings = run_all.prepare(tmp_path / "q", True, True, str(cfg), Context(quiet=True))
+    settings = run_all.prepare(tmp_path / "q", "quick", str(cfg), Context(quiet=True))
     world = Path(settings["run-all"]["train"]).parent
     sft = tableio.read_table(str(world / "sft.parquet"))
     assert schema.provenance(sft)[-1]["config"]["snippets"] == "query"
     assert settings["rollout"]["search_options"] == "snippets=query"
 
 
-def test_dynamic_batch_keeps_groups_with_signal_across_rounds(tmp_path, monkeypatch):
+def test_dynamic_batch_keeps_groups_with_signal_across_rounds(tmp_path):
     """The selection path: rounds are rolled out until `questions_per_step` groups have signal; the kept
     groups (by round and group id, so a repeated id cannot pull in another round's rows) are written."""
     import types
@@ -277,17 +258,16 @@ def test_dynamic_batch_keeps_groups_with_signal_across_rounds(tmp_path, monkeypa
         tableio.write_table(pa.table({"group_id": [g for g, _ in rows], "advantage": [a for _, a in rows]}), str(out))
         return out
 
-    monkeypatch.setattr(run_all, "_sample_round", fake_round)
     run = types.SimpleNamespace(cfg=types.SimpleNamespace(questions_per_step=2, dynamic_sampling=2),
                                 read=lambda p: tableio.read_table(str(p)), log=lambda msg: None)
     train = pa.table({"id": list(signal)})
     first = fake_round(run, 0, tmp_path, "m", train.take([0, 1]))
-    batch, counts = run_all._dynamic_batch(run, 0, tmp_path, "m", train, [0, 1, 2, 3, 4, 5], first)
+    batch, counts = loop.dynamic_batch(run, 0, tmp_path, "m", train, [0, 1, 2, 3, 4, 5], first, sample=fake_round)
     kept = tableio.read_table(str(batch))
     assert batch == tmp_path / "selected.parquet" and counts == (6, 2)  # three rounds of 2 were needed
     assert kept.column("group_id").to_pylist() == ["q2", "q2", "q5", "q5"]
     assert (tmp_path / "round-3" / "rewarded.parquet").exists() and not (tmp_path / "round-4").exists()
-    again = run_all._dynamic_batch(run, 0, tmp_path, "m", train, [0, 1, 2, 3, 4, 5], first)  # resume: same
+    again = loop.dynamic_batch(run, 0, tmp_path, "m", train, [0, 1, 2, 3, 4, 5], first, sample=fake_round)  # resume: same
     assert again == (batch, counts) and tableio.read_table(str(batch)).equals(kept)
 
 
@@ -328,7 +308,7 @@ def moving_run(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("moving")
     (base / "moving.toml").write_text(MOVING)
     out = base / "run"
-    atom("run-all", "--demo", "--quick", "--config", base / "moving.toml", "--out", out, check=True, timeout=900)
+    atom("run-all", "--preset", "quick", "--config", base / "moving.toml", "--out", out, check=True, timeout=900)
     return out
 
 
@@ -349,13 +329,13 @@ def test_save_every_thins_checkpoints_and_resume_redoes_the_unsaved_steps(moving
     cfg.write_text(MOVING.replace("[run-all]\n", "[run-all]\nsave_every = 2\n"))
     out = tmp_path / "run"
     # step 1 done (tables, metrics, eval), step 2 begun
-    _kill9_when(["run-all", "--demo", "--quick", "--config", cfg, "--out", out],
+    _kill9_when(["run-all", "--preset", "quick", "--config", cfg, "--out", out],
                 out / "steps" / "0002" / "questions.parquet")
     step1 = out / "steps" / "0001"
     assert (step1 / "metrics.json").exists() and (out / "eval" / "step-0001.json").exists()
     assert not (step1 / "ckpt").exists() and not (out / "steps" / "0002" / "ckpt").exists()
 
-    atom("run-all", "--demo", "--quick", "--config", cfg, "--out", out, "--resume", check=True, timeout=900)
+    atom("run-all", "--preset", "quick", "--config", cfg, "--out", out, "--resume", check=True, timeout=900)
     assert [(out / "steps" / f"{t:04d}" / "ckpt").exists() for t in (1, 2, 3)] == [False, True, True]
     _same_run(out, moving_run)
     # the saved checkpoint's chain names the step that was only in memory
@@ -380,7 +360,7 @@ def test_save_every_thins_checkpoints_and_resume_redoes_the_unsaved_steps(moving
               step3 / "rewarded.parquet", out / "summary.md", *out.glob("eval/step-0003.*"),
               *out.glob("eval/transfer/step-0003.*")]:
         p.unlink()
-    atom("run-all", "--demo", "--quick", "--config", cfg, "--out", out, "--resume", check=True, timeout=900)
+    atom("run-all", "--preset", "quick", "--config", cfg, "--out", out, "--resume", check=True, timeout=900)
     assert (step3 / "ckpt" / "optimizer.pt").exists() and (out / "summary.md").exists()
     _same_run(out, moving_run)
 
@@ -444,7 +424,7 @@ def test_save_every_is_checked_at_start(tmp_path):
                            ({**served, "save_every": 2}, "save_every must be 1")):
         cfg = tmp_path / "c.toml"
         cfg.write_text(run_all.to_toml({"run-all": extra}))
-        settings = run_all.prepare(tmp_path / "run", True, True, str(cfg), Context(quiet=True), build=False)
+        settings = run_all.prepare(tmp_path / "run", "quick", str(cfg), Context(quiet=True), build=False)
         with pytest.raises(InputError, match=message):
             run_all.Run(tmp_path / "run", settings, Context(quiet=True))
     settings["run-all"]["save_every"] = 1
@@ -454,11 +434,11 @@ def test_save_every_is_checked_at_start(tmp_path):
 
 @pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.toml")))
 def test_every_shipped_example_starts_a_demo_run(tmp_path, example):
-    """Each examples/*.toml is a --config that `atom run-all --demo` accepts as it says (every section known, every
-    setting valid, the Run built; nothing written): a shipped example that is refused is a bug a user meets first.
-    information-gain.toml's [score-ig] section was once refused."""
+    """Each examples/*.toml is a --config that `atom run-all --preset demo` accepts as it says (every section known,
+    every setting valid, the Run built; nothing written): a shipped example that is refused is a bug a user meets
+    first."""
     from atomcli.context import Context
-    settings = run_all.prepare(tmp_path / "run", True, False, str(ROOT / "examples" / example), Context(quiet=True),
+    settings = run_all.prepare(tmp_path / "run", "demo", str(ROOT / "examples" / example), Context(quiet=True),
                                build=False)
     run = run_all.Run(tmp_path / "run", settings, Context(quiet=True))
     if example == "information-gain.toml":
@@ -471,7 +451,7 @@ def test_the_gpu_example_is_a_run_that_follows_its_trainer(tmp_path):
     written, no server contacted) and describes a served policy that follows a LoRA trainer that fits one
     GPU (docs/scale.md) through full merged weights on disk."""
     from atomcli.context import Context
-    settings = run_all.prepare(tmp_path / "run", False, False, str(ROOT / "examples" / "gpu-7b.toml"),
+    settings = run_all.prepare(tmp_path / "run", None, str(ROOT / "examples" / "gpu-7b.toml"),
                                Context(quiet=True), build=False)
     run = run_all.Run(tmp_path / "run", settings, Context(quiet=True))
     assert run.follow is not None and run.follow.method.name == "sglang-disk"
@@ -479,22 +459,11 @@ def test_the_gpu_example_is_a_run_that_follows_its_trainer(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_sources_curriculum_gives_every_step_each_data_source():
-    sources = ["demo_1hop"] * 20 + ["demo_2hop"] * 10 + ["demo_3hop"] * 5 + ["sqlite_1hop"] * 4 + ["sqlite_2hop"] * 2
-    hops = [int(s.split("_")[1][0]) for s in sources]
-    plan = run_all.plan_questions(hops, steps=6, per_step=4, curriculum="sources", seed=0, max_hops=2,
-                                  sources=sources)
-    for p in plan:  # the 3-hop ones are left out; the four others each once a step
-        assert sorted(sources[i] for i in p) == ["demo_1hop", "demo_2hop", "sqlite_1hop", "sqlite_2hop"]
-    real2 = [i for p in plan for i in p if sources[i] == "sqlite_2hop"]
-    assert len(real2) == 6 and set(real2[:2]) == {39, 40}  # both drawn before either repeats
-    assert plan == run_all.plan_questions(hops, 6, 4, "sources", 0, max_hops=2, sources=sources)
-    # a file without data_source: the hop counts take turns, as with balanced
-    assert run_all.plan_questions(hops, 3, 4, "sources", 0, max_hops=2) == \
-        run_all.plan_questions(hops, 3, 4, "balanced", 0, max_hops=2)
-    with pytest.raises(InputError) as e:  # the error lists it among the valid choices
-        run_all.plan_questions(hops, 1, 1, "bogus")
-    assert "sources" in e.value.hint
+@pytest.mark.parametrize("name", ["shuffle", "hops", "sources", "bogus"])
+def test_removed_and_unknown_curricula_are_refused_listing_the_valid_ones(name):
+    with pytest.raises(InputError, match=f"unknown curriculum `{name}`") as e:
+        run_all.plan_questions([1, 2], 1, 1, name)
+    assert "file, balanced" in e.value.hint
 
 
 def test_balanced_curriculum_gives_every_step_each_hop_count():
@@ -519,15 +488,14 @@ def test_balanced_curriculum_gives_every_step_each_hop_count():
 def test_max_hops_leaves_harder_questions_out_of_every_step():
     hops = [1, 2, 3, 4] * 25
     for curriculum in run_all.CURRICULA:
-        plan = run_all.plan_questions(hops, steps=10, per_step=4, curriculum=curriculum, seed=0, levels=2,
-                                      max_hops=2)
+        plan = run_all.plan_questions(hops, steps=10, per_step=4, curriculum=curriculum, seed=0, max_hops=2)
         assert all(hops[i] <= 2 for p in plan for i in p) and all(len(p) == 4 for p in plan)
-    plan = run_all.plan_questions(hops, steps=10, per_step=4, curriculum="hops", seed=0, levels=2, max_hops=2)
+    plan = run_all.plan_questions(hops, steps=10, per_step=4, curriculum="balanced", seed=0, max_hops=2)
     flat = [i for p in plan for i in p]
     assert len(set(flat)) == 40 and {hops[i] for i in flat} == {1, 2}  # both levels, no question twice
-    assert run_all.plan_questions(hops, 10, 4, "hops", 0, 2, max_hops=0) == run_all.plan_questions(hops, 10, 4, "hops", 0, 2)
+    assert run_all.plan_questions(hops, 10, 4, "balanced", 0, max_hops=0) != plan  # 0: every hop count
     with pytest.raises(InputError, match="max_hops"):
-        run_all.plan_questions([3, 4], steps=1, per_step=1, curriculum="hops", max_hops=2)
+        run_all.plan_questions([3, 4], steps=1, per_step=1, curriculum="balanced", max_hops=2)
 
 
 def test_held_out_dev_questions_are_never_drawn_by_a_step():
@@ -542,7 +510,7 @@ def test_held_out_dev_questions_are_never_drawn_by_a_step():
 
 
 def test_held_out_dev_questions_are_never_sft_questions():
-    # session 41: the learn preset's first 50 training questions were all among its expert SFT rows
+    # the learn preset's first 50 training questions were all among its expert SFT rows
     import pyarrow as pa
     train = pa.table({"id": [f"q{i}" for i in range(10)]})
     sft_data = pa.table({"id": ["q0", "q1", "q2", "q7", "q7", "other"]})
@@ -579,7 +547,7 @@ def test_dev_split_is_evaluated_at_every_eval_point_and_keeps_their_checkpoints(
     # save_every = 2 would keep step 2 only: with a dev split the eval point at step 1 is kept too
     cfg.write_text("[run-all]\nsteps = 2\neval_every = 1\neval_base = false\nsave_every = 2\ndev_questions = 3\n")
     out = tmp_path / "run"
-    atom("run-all", "--demo", "--quick", "--config", cfg, "--out", out, check=True, timeout=900)
+    atom("run-all", "--preset", "quick", "--config", cfg, "--out", out, check=True, timeout=900)
     names = {"sft", "step-0001", "step-0002"}
     assert {p.stem for p in (out / "eval" / run_all.DEV).glob("*.json")} == names
     assert (out / "steps" / "0001" / "ckpt" / "config.json").exists()
@@ -601,7 +569,7 @@ def test_dev_split_is_evaluated_at_every_eval_point_and_keeps_their_checkpoints(
 def test_too_many_dev_questions_is_refused(tmp_path):
     cfg = tmp_path / "dev.toml"
     cfg.write_text("[run-all]\nsteps = 2\ndev_questions = 1000\n")
-    p = atom("run-all", "--demo", "--quick", "--config", cfg, "--out", tmp_path / "run")
+    p = atom("run-all", "--preset", "quick", "--config", cfg, "--out", tmp_path / "run")
     assert p.returncode == 2 and b"dev_questions" in p.stderr
     assert not (tmp_path / "run" / "steps").exists() and not (tmp_path / "run" / "sft").exists()
 
@@ -610,8 +578,8 @@ def test_resume_takes_a_setting_added_since_the_run_started_at_its_default(tmp_p
     """A run recorded before `rft_soup` existed resumes when this run sets it to its default (off), and is refused,
     naming it, when a preset turns it on."""
     (tmp_path / "config.json").write_text(json.dumps({"run-all": {"rft_rounds": 2}, "sft": {"lr": 2e-4}}))
-    run_all._check_same_settings(tmp_path, {"run-all": {"rft_rounds": 2, "rft_soup": False}, "sft": {"lr": 2e-4}})
+    folder.check_same_settings(tmp_path, {"run-all": {"rft_rounds": 2, "rft_soup": False}, "sft": {"lr": 2e-4}})
     with pytest.raises(InputError, match=r"rft_soup: \(unset\) -> true"):
-        run_all._check_same_settings(tmp_path, {"run-all": {"rft_rounds": 2, "rft_soup": True}, "sft": {"lr": 2e-4}})
+        folder.check_same_settings(tmp_path, {"run-all": {"rft_rounds": 2, "rft_soup": True}, "sft": {"lr": 2e-4}})
     with pytest.raises(InputError, match=r"\[sft\] lr"):  # other sections, and changed values, are as before
-        run_all._check_same_settings(tmp_path, {"run-all": {"rft_rounds": 2}, "sft": {"lr": 1e-4}})
+        folder.check_same_settings(tmp_path, {"run-all": {"rft_rounds": 2}, "sft": {"lr": 1e-4}})

@@ -69,7 +69,7 @@ def test_root_help_lists_commands_and_usage_lines_name_arguments():
         first = atom(cmd, "--help", env=ENV, check=True).stdout.decode().splitlines()[0]
         assert first == f"Usage: atom {cmd} [OPTIONS] {usage}", first
     run_all = atom("run-all", "--help", env=ENV, check=True).stdout.decode()
-    assert re.search(r"^  --demo +Everything embedded", run_all, re.M)
+    assert re.search(r"^  --preset TEXT +A canned run", run_all, re.M)
     assert "N x [rollout -> score-rrm" in run_all
 
 
