@@ -143,9 +143,9 @@ def test_groups_are_independent_of_row_order():
     assert [r["advantage"] for r in out] == pytest.approx([1.0, 0.0, -1.0, 0.0], abs=1e-5)
 
 
-def test_no_atr_is_pure_outcome_and_needs_no_score_columns():
+def test_process_none_is_pure_outcome_and_needs_no_score_columns():
     t = table(G1, with_atr=False)
-    out = run(t, AggregateConfig(step=2, total_steps=10, no_atr=True), CTX).to_pylist()
+    out = run(t, AggregateConfig(step=2, total_steps=10, process="none"), CTX).to_pylist()
     assert [r["reward"] for r in out] == pytest.approx([1.0, 0.0, -1.0, 2 / 3])
     assert {r["alpha"] for r in out} == {0.0}
 
@@ -261,14 +261,18 @@ def test_cli_missing_column_exits_2_naming_the_stage():
     assert len(err.strip().splitlines()) == 1
 
 
-def test_cli_missing_atr_names_score_rrm_unless_no_atr(tmp_path):
+def test_cli_missing_atr_names_score_rrm_unless_process_none(tmp_path):
     src = tmp_path / "rollouts.parquet"
     pq.write_table(table(G1, with_atr=False), src)
     proc = atom("aggregate-reward", src, "--out", "-", "--step", "0", "--total-steps", "10")
     assert proc.returncode == 2 and proc.stdout == b"" and b"atom score-rrm" in proc.stderr
     proc = atom("aggregate-reward", src, "--out", "-", "--format", "jsonl", "--step", "0", "--total-steps", "10",
-                "--no-atr", check=True)
+                "--process", "none", check=True)
     assert [json.loads(line)["reward"] for line in proc.stdout.splitlines()] == pytest.approx([1, 0, -1, 2 / 3])
+    # the old spelling still works this release, with a deprecation line
+    old = atom("aggregate-reward", src, "--out", "-", "--format", "jsonl", "--step", "0", "--total-steps", "10",
+               "--no-atr", check=True)
+    assert old.stdout == proc.stdout and b"--no-atr is deprecated" in old.stderr and b"--process none" in old.stderr
 
 
 def test_cli_end_to_end_with_summary(tmp_path):

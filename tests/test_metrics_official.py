@@ -91,7 +91,7 @@ def test_atom_eval_and_aggregate_reward_reproduce_the_official_scores(tmp_path, 
     for c in cases:
         got = rep["per_question"][f"c{c['id']}"]
         assert (got["f1"], got["em"], got["cover_em"]) == (c[field], c["squad_em"], c["flashrag_sub_em"]), c
-    atom("aggregate-reward", src, "--f1", variant, "--no-atr", "--step", "0", "--total-steps", "1",
+    atom("aggregate-reward", src, "--f1", variant, "--process", "none", "--step", "0", "--total-steps", "1",
          "--out", tmp_path / "w.parquet", check=True)
     paid = {r["id"]: r for r in tableio.read_table(str(tmp_path / "w.parquet")).to_pylist()}
     for c in cases:

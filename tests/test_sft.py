@@ -89,33 +89,13 @@ def test_rows_without_tokens_in_a_token_table_are_rendered_and_half_filled_rows_
     assert (e.value.row, e.value.column) == (1, "prompt_ids")
 
 
-def test_a_round_tune_file_keeps_the_kept_rows_tokens_through_disk(tok, tmp_path):
-    """run_rft.replay's file as the round's tune reads it: the kept rows' tokenizer record survives the mix and
-    the write, so they train on their token columns and only the expert's rows are rendered."""
-    from atomcli.stages import run_rft
-    kept = pa.table({"id": ["k0", "k1"], "messages": schema.array("messages", [messages(*f) for f in FACTS[:2]]),
-                     "prompt_ids": schema.array("prompt_ids", [[1, 2], [3]]),
-                     "completion_ids": schema.array("completion_ids", [[10, 11], [12]]),
-                     "loss_mask": schema.array("loss_mask", [[1, 1], [1]])})
-    kept = schema.with_provenance(kept, "rollout", tokenizer=models.tokenizer_id(tok))
-    expert = pa.table({"id": ["e0", "e1", "e2"],
-                       "messages": schema.array("messages", [messages(*f) for f in FACTS[1:4]])})
-    path = tmp_path / "tune.parquet"
-    tableio.write_table(run_rft.replay(kept, expert, 1.0, seed=0), str(path))
-    ex, how = sft.build_examples(tableio.read_table(str(path)), tok)
-    assert how == "token columns, 2 rows by chat template"
-    assert ex["input_ids"][:2] == [[1, 2, 10, 11], [3, 12]] and len(ex["input_ids"]) == 4
-
-
-def test_min_reward_filter():
-    table = pa.table({"messages": schema.array("messages", [messages(*f) for f in FACTS[:3]]),
-                      "reward": [0.9, 0.2, None]})
-    assert sft.filter_by_reward(table, float("-inf")).num_rows == 3
-    assert sft.filter_by_reward(table, 0.5).column("reward").to_pylist() == [0.9]
-    with pytest.raises(InputError, match="lower --min-reward"):
-        sft.filter_by_reward(table, 0.95)
-    with pytest.raises(InputError, match="reward"):
-        sft.filter_by_reward(table.drop(["reward"]), 0.5)
+def test_removed_min_reward_names_atom_rft():
+    from atomcli import config as cfgmod
+    for given in ({"min_reward": 0.5}, {"min-reward": "0.5"}):
+        with pytest.raises(InputError, match="atom rft"):
+            cfgmod.build(sft.SFTConfig, {}, given)
+    p = atom("sft", "nothing.jsonl", "--out", "ckpt", "--min-reward", "0.5")
+    assert p.returncode == 2 and b"--min-reward was removed" in p.stderr and b"atom rft" in p.stderr
 
 
 def test_cli_sft_lowers_the_loss_and_writes_a_plain_checkpoint(tiny_model, tmp_path):
@@ -124,8 +104,7 @@ def test_cli_sft_lowers_the_loss_and_writes_a_plain_checkpoint(tiny_model, tmp_p
     tableio.write_table(table, str(data))
     out = tmp_path / "ckpt"
     proc = atom("sft", data, "--model", tiny_model, "--out", out, "--max-steps", "6", "--lr", "1e-2",
-                "--no-gradient-checkpointing", "--batch-size", "4", "--lr-scheduler", "constant",
-                "--min-reward", "0.5", check=True)
+                "--no-gradient-checkpointing", "--batch-size", "4", "--lr-scheduler", "constant", check=True)
     assert proc.stdout == b""  # TRL's log lines went to stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 6 and metrics["source"] == "chat template"

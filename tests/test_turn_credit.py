@@ -12,6 +12,7 @@ import torch
 from conftest import atom
 from test_grpo_step import make_table
 
+from atomcli import config as cfgmod
 from atomcli import schema, tableio
 from atomcli.context import Context
 from atomcli.errors import InputError
@@ -130,15 +131,17 @@ def test_atr_turn_rewards_are_each_turns_thought_scores():
                    pytest.approx([0.4 * (z[2] + z[3]), 0.4 * z[3]], abs=1e-5)]
 
 
-@pytest.mark.parametrize("bad", [dict(process="rrm"), dict(credit="token"), dict(gamma=1.5),
-                                 dict(process="ig", no_atr=True)])
+@pytest.mark.parametrize("bad", [dict(process="rrm"), dict(credit="token"), dict(gamma=1.5)])
 def test_bad_choices_are_input_errors(bad):
     with pytest.raises(InputError):
         agg.run(ig_table(GROUP), cfg(**bad), CTX)
 
 
-def test_no_atr_is_process_none_and_inputs_follow_the_process():
-    assert agg.AggregateConfig(no_atr=True).process == "none"
+def test_old_no_atr_means_process_none_and_inputs_follow_the_process(capsys):
+    assert cfgmod.build(agg.AggregateConfig, {"no_atr": True}).process == "none"
+    assert "deprecated" in capsys.readouterr().err
+    with pytest.raises(InputError, match="contradicts"):
+        cfgmod.build(agg.AggregateConfig, {"no_atr": True, "process": "ig"})
     assert "ig" not in agg.input_columns(agg.AggregateConfig())
     assert {"ig", "ig_error"} <= set(agg.input_columns(agg.AggregateConfig(process="ig")))
     assert "turn_ig" in agg.input_columns(agg.AggregateConfig(process="ig", credit="turn"))

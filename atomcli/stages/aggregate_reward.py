@@ -1,13 +1,13 @@
 """Stage `aggregate-reward`: outcome metrics, curriculum fusion with a process reward, group advantages.
 
 Owns `f1`, `em`, `format_penalty`, `alpha`, `reward`, `advantage`, and `turn_advantages` with
-`--credit turn` (DESIGN.md §5).
+`--credit turn` (docs/design.md has the formulas).
 
 The process reward (`--process`) is ATR from `score-rrm` (`atr`, the default: Atom-Searcher),
 the information gain from `score-ig` (`ig`: IGPO's signal, the sum of the turn gains, in
-[-1, 1] with `score-ig --ig prob`), or none (DeepResearcher's pure outcome; `--no-atr` is an
-alias). Per row, with α from the schedule at step T of T_MAX (the same α for every row; 0
-with --process none):
+[-1, 1] with `score-ig --ig prob`), or none (DeepResearcher's pure outcome; the old
+`--no-atr` still means it, with a deprecation line). Per row, with α from the schedule at step
+T of T_MAX (the same α for every row; 0 with --process none):
 
     f1, em          metrics.f1 (--f1 squad|hotpot|set, the official scorers; token = squad) /
                     metrics.em (SQuAD) of `answer` vs `golden_answers`
@@ -94,10 +94,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import ClassVar
 
 from atomcli import schema, stats
 from atomcli.agent.episode import TRUNCATED, turn_spans
-from atomcli.config import opt
+from atomcli.config import Removed, opt
 from atomcli.errors import InputError, unknown_choice
 from atomcli.rewards import metrics
 
@@ -120,32 +121,31 @@ class AggregateConfig:
     alpha0: float = opt(0.5, "alpha at T=0")
     process: str = opt("atr", "process reward fused with F1: atr (score-rrm's ATR), ig (score-ig's information "
                               "gain) or none (pure outcome)")
-    no_atr: bool = opt(False, "pure outcome reward (DeepResearcher), for ablations: the same as --process none")
     credit: str = opt("trajectory", "trajectory: one advantage per trajectory (GRPO); turn: also one per assistant "
                                     "turn, `turn_advantages` (IGPO), which grpo-step then trains on")
-    gamma: float = opt(1.0, "with --credit turn: discount of later turns' rewards and of the outcome")
-    no_std: bool = opt(False, "advantage without dividing by the group std (Dr. GRPO)")
+    gamma: float = opt(1.0, "with --credit turn: discount of later turns' rewards and of the outcome", advanced=True)
+    no_std: bool = opt(False, "advantage without dividing by the group std (Dr. GRPO)", advanced=True)
     flat_outcome: str = opt("process", "a group whose outcomes (F1, -1 ill formed) are all equal: process (ranked "
-                                       "by the process reward alone, Atom-Searcher) or skip (advantage 0)")
+                                       "by the process reward alone, Atom-Searcher) or skip (advantage 0)",
+                            advanced=True)
     truncated: str = opt("penalty", "a trajectory that ran out of turns or context (reward -1): penalty (ranked "
                                     "below every answer, as written), fail (ranked as a wrong answer: its "
                                     "advantage from the reward of F1 0) or mask (advantage 0, left out of its "
-                                    "group's statistics: DAPO's overlong filtering)")
+                                    "group's statistics: DAPO's overlong filtering)", advanced=True)
     f1: str = opt(metrics.DEFAULT_F1, "F1 scorer: squad (SQuAD v1.1), hotpot (HotpotQA/FlashRAG), "
                                       "set (DeepResearcher); token = squad")
 
+    # `no_atr = true` was a second spelling of process = "none"
+    REMOVED: ClassVar[dict] = {"no_atr": Removed("--process none", means=lambda v: {"process": "none"} if v else {})}
+
     def __post_init__(self):  # provenance records the scorer itself: token -> squad
         self.f1 = metrics.F1_ALIASES.get(self.f1, self.f1)
-        if self.no_atr and self.process == "atr":  # --no-atr is --process none
-            self.process = "none"
 
 
 def check(config: AggregateConfig) -> None:
     """Refuse unknown or contradictory choices (before any column is read)."""
     if config.process not in PROCESSES:
         raise unknown_choice("process reward", config.process, PROCESSES)
-    if config.no_atr and config.process != "none":
-        raise InputError(f"--no-atr contradicts --process {config.process}", hint="--no-atr means --process none")
     if config.credit not in CREDITS:
         raise unknown_choice("credit", config.credit, CREDITS)
     if config.flat_outcome not in FLAT_OUTCOMES:
@@ -306,7 +306,7 @@ def _turn_rewards(table, config: AggregateConfig, usable: list[bool], n_turns: l
             continue
         by_turn: dict = defaultdict(list)
         for th in thoughts[i] or []:
-            if th.get("score") is not None:
+            if th is not None and th.get("score") is not None:
                 by_turn[th.get("turn")].append(th["score"])
         out.append([sum(by_turn[t]) / len(by_turn[t]) / 10 if by_turn[t] else 0.0 for t in range(n_turns[i])])
     return out

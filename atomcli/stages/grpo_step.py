@@ -60,30 +60,34 @@ class GRPOConfig:
     ref: str = opt("", "reference checkpoint for the KL term (default: the run's starting checkpoint)")
     lr: float = opt(1e-6, "learning rate (AdamW, constant)")
     beta: float = opt(0.001, "KL coefficient (k3 estimator); 0 disables the reference model")
-    clip_eps: float = opt(0.2, "lower clip epsilon")
-    clip_eps_high: float = opt(0.2, "upper clip epsilon (DAPO clip-higher when > clip-eps)")
+    clip_eps: float = opt(0.2, "lower clip epsilon", advanced=True)
+    clip_eps_high: float = opt(0.2, "upper clip epsilon (DAPO clip-higher when > clip-eps)", advanced=True)
     entropy_coef: float = opt(0.0, "entropy bonus coefficient. DeepResearcher's published 7B config uses 0.001; "
                                    "the default is 0 because any entropy term makes every zero-advantage row "
                                    "carry gradient (no skipping of zero-variance groups); entropy is logged every "
-                                   "step so a collapse shows; set 0.001 to follow the paper")
-    loss_agg: str = opt("token-mean", "loss aggregation: token-mean or seq-mean")
+                                   "step so a collapse shows; set 0.001 to follow the paper", advanced=True)
+    loss_agg: str = opt("token-mean", "loss aggregation: token-mean or seq-mean", advanced=True)
     micro_batch: int = opt(4, "trajectories per forward/backward (gradient accumulation)")
     epochs: int = opt(1, "updates per batch")
-    max_grad_norm: float = opt(1.0, "gradient norm clip (0 = no clipping)")
-    weight_decay: float = opt(0.0, "AdamW weight decay")
+    max_grad_norm: float = opt(1.0, "gradient norm clip (0 = no clipping)", advanced=True)
+    weight_decay: float = opt(0.0, "AdamW weight decay", advanced=True)
     temperature: float = opt(1.0, "logits are divided by this; rollouts record old_logprobs at 1 (the raw logits) "
-                                  "whatever they sampled at, so another value needs --old-logprobs recompute")
+                                  "whatever they sampled at, so another value needs --old-logprobs recompute",
+                             advanced=True)
     old_logprobs: str = opt("rollout", "the ratio's denominator: rollout (the table's old_logprobs) or recompute "
-                                       "(the policy's own before this update; for text-only servers' rollouts)")
+                                       "(the policy's own before this update; for text-only servers' rollouts)",
+                            advanced=True)
     precision: str = opt("auto", "mixed precision: bf16 or fp32 (auto: bf16 on a GPU that supports it, else fp32); "
-                                 "weights and optimizer state stay fp32")
-    gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, ~30% more time)")
+                                 "weights and optimizer state stay fp32", advanced=True)
+    gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, ~30% more time)",
+                                       advanced=True)
     lora: bool = opt(False, "train a LoRA adapter (peft) instead of all weights")
-    lora_r: int = opt(16, "LoRA rank")
+    lora_r: int = opt(16, "LoRA rank", advanced=True)
     skip_zero_advantage: bool = opt(True, "with beta = 0 and no entropy term, do not forward/backward rows whose "
-                                          "advantage is 0 (exact: their gradient is 0; the loss denominators keep them)")
+                                          "advantage is 0 (exact: their gradient is 0; the loss denominators keep them)",
+                                    advanced=True)
     seed: int = opt(0, "random seed")
-    trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run")
+    trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run", advanced=True)
 
 
 def loss_settings(config: "GRPOConfig") -> LossSettings:

@@ -69,45 +69,51 @@ class RolloutConfig:
     group_size: int = opt(4, "samples per question (the GRPO group)")
     max_turns: int = opt(10, "assistant turns before the episode ends with finish_reason=max_turns")
     last_turn_note: bool = opt(False, "tell the agent its budget: the tool response before its last turn (the "
-                                      "question, with --max-turns 1) ends with a note that this turn must answer")
+                                      "question, with --max-turns 1) ends with a note that this turn must answer",
+                               advanced=True)
     force_answer: bool = opt(False, "a last turn that still calls a tool does not end the episode unanswered: the "
                                     "call is not run, the environment says so (with the last-turn note) and opens "
                                     "one more turn with <think>...</think><answer> written, and the policy writes "
-                                    "the answer (finish_reason forced_answer)")
+                                    "the answer (finish_reason forced_answer)", advanced=True)
     max_new_tokens: int = opt(512, "token cap per assistant turn")
-    max_context: int = opt(8192, "token cap for the whole trajectory")
+    max_context: int = opt(8192, "token cap for the whole trajectory", advanced=True)
     temperature: float = opt(1.0, "sampling temperature (0 = greedy)")
-    top_p: float = opt(1.0, "nucleus sampling")
+    top_p: float = opt(1.0, "nucleus sampling", advanced=True)
     seed: int = opt(0, "random seed: same seed, same output")
     batch_size: int = opt(16, "trajectories advanced together, one turn per batched generate "
-                              "(openai engine: requests per turn, --concurrency of them in flight)")
-    k: int = opt(10, "search results per query")
+                              "(openai engine: requests per turn, --concurrency of them in flight)", advanced=True)
+    k: int = opt(10, "search results per query", advanced=True)
     cache: str = opt("", "SQLite cache file for searches and pages")
-    replay: bool = opt(False, "serve tools only from --cache (a recorded environment)")
-    reader: str = opt("bm25", "browse reader: bm25, policy, or a judge SPEC")
-    allow_hosts: str = opt("", "comma-separated hosts/IPs the SSRF guard lets through (e.g. 127.0.0.1)")
-    date: str = opt("", "date stated in the system prompt (YYYY-MM-DD; default today)")
-    system_prompt: str = opt("", "system prompt text replacing the built-in one ({date} and {tools} are filled in)")
+    replay: bool = opt(False, "serve tools only from --cache (a recorded environment)", advanced=True)
+    reader: str = opt("bm25", "browse reader: bm25, policy, or a judge SPEC", advanced=True)
+    allow_hosts: str = opt("", "comma-separated hosts/IPs the SSRF guard lets through (e.g. 127.0.0.1)", advanced=True)
+    date: str = opt("", "date stated in the system prompt (YYYY-MM-DD; default today)", advanced=True)
+    system_prompt: str = opt("", "system prompt text replacing the built-in one ({date} and {tools} are filled in)",
+                             advanced=True)
     limit: int = opt(0, "use only the first N questions (0 = all)")
-    shard: str = opt("", "i/n: process every n-th group starting at i (split a question set across machines)")
-    concurrency: int = opt(8, "parallel requests for the OpenAI engine and parallel tool calls")
-    timeout: float = opt(120.0, "seconds per request for the OpenAI engine")
-    trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run")
-    device: str = opt("", "HF engine: torch device for the policy (cpu, cuda, cuda:1; default: where it loads)")
+    shard: str = opt("", "i/n: process every n-th group starting at i (split a question set across machines)",
+                     advanced=True)
+    concurrency: int = opt(8, "parallel requests for the OpenAI engine and parallel tool calls", advanced=True)
+    timeout: float = opt(120.0, "seconds per request for the OpenAI engine", advanced=True)
+    trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run", advanced=True)
+    device: str = opt("", "HF engine: torch device for the policy (cpu, cuda, cuda:1; default: where it loads)",
+                      advanced=True)
     tokenizer: str = opt("", "OpenAI engine: local tokenizer of the served model (folder, hub id or smollm2; "
-                             "default: the model name after #)")
-    prompt_ids: bool = opt(True, "OpenAI engine: send prompts as token ids (exact; vLLM, SGLang) rather than text")
-    retries: int = opt(4, "OpenAI engine: attempts per request on timeouts, 429 and 5xx")
+                             "default: the model name after #)", advanced=True)
+    prompt_ids: bool = opt(True, "OpenAI engine: send prompts as token ids (exact; vLLM, SGLang) rather than text",
+                           advanced=True)
+    retries: int = opt(4, "OpenAI engine: attempts per request on timeouts, 429 and 5xx", advanced=True)
     precision: str = opt("fp32", "HF engine: the weights the policy samples with: fp32, or bf16 (a bfloat16 copy of "
                                  "the policy: faster on CPUs with AMX and on GPUs; the sampled log-probs then "
-                                 "differ from an fp32 pass by ~0.006, bench/RESULTS.md)")
+                                 "differ from an fp32 pass by ~0.006, bench/RESULTS.md)", advanced=True)
     reuse_kv: bool = opt(True, "HF engine: keep each trajectory's KV cache between turns and compute shared "
-                               "prompt prefixes once (same tokens, much less prefill)")
+                               "prompt prefixes once (same tokens, much less prefill)", advanced=True)
     policy_sync: str = opt("", "OpenAI engine: how the server is brought to a new policy (lora-vllm, sglang-disk, "
                                "vllm-reload, command:CMD; atomcli/engines/policy_sync.py); with --policy-version, "
-                               "how the server is asked which policy it serves")
+                               "how the server is asked which policy it serves", advanced=True)
     policy_version: str = opt("", "OpenAI engine: the policy version the server must serve (run-all sets it after "
-                                  "each sync); recorded per row, and a server serving another is refused")
+                                  "each sync); recorded per row, and a server serving another is refused",
+                              advanced=True)
 
 
 # --- groups, shards, seeds ------------------------------------------------------------------

@@ -59,12 +59,13 @@ class IGConfig:
     ig: str = opt("prob", "turn reward: prob (gain in the answer's per-token probability, IGPO's default; `ig` in "
                           "[-1, 1]) or logprob (gain in its mean log-prob; unbounded)")
     reuse_prefix: bool = opt(True, "one pass over each trajectory into a KV cache, then only the forced answers "
-                                   "(off: every context as its own batched sequence)")
-    batch_size: int = opt(8, "sequences per forward pass with --no-reuse-prefix")
+                                   "(off: every context as its own batched sequence)", advanced=True)
+    batch_size: int = opt(8, "sequences per forward pass with --no-reuse-prefix", advanced=True)
     device: str = opt("", "torch device for the scoring model (cpu, cuda, cuda:1; default: where it loads)")
     precision: str = opt("auto", "the scoring passes: auto (bf16 on a GPU, else fp32), bf16 (autocast: fp32 "
-                                 "weights, bf16 matmuls; on this project's AMX CPU about twice as fast) or fp32")
-    trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run")
+                                 "weights, bf16 matmuls; on this project's AMX CPU about twice as fast) or fp32",
+                         advanced=True)
+    trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run", advanced=True)
 
 
 def _validate(config: IGConfig) -> None:

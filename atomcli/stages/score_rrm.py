@@ -46,15 +46,17 @@ from atomcli.rewards.rrm_prompt import (
 class ScoreConfig:
     judge: str = opt("heuristic", "judge SPEC: heuristic, hf:MODEL (hf:smollm2), openai:BASE_URL#MODEL")
     retries: int = opt(3, "attempts per trajectory when the judge's reply does not parse (transport faults are "
-                          "retried this many times inside the openai judge)")
+                          "retried this many times inside the openai judge)", advanced=True)
     concurrency: int = opt(8, "parallel requests to an OpenAI-compatible judge")
-    timeout: float = opt(120.0, "seconds per judge request")
+    timeout: float = opt(120.0, "seconds per judge request", advanced=True)
     rate: float = opt(0.0, "judge calls per second (0 = unlimited)")
-    backoff: float = opt(1.0, "seconds before the first retry of a failed judge request (doubles each time)")
+    backoff: float = opt(1.0, "seconds before the first retry of a failed judge request (doubles each time)",
+                         advanced=True)
     api_key_env: str = opt("OPENAI_API_KEY", "environment variable holding the judge's API key")
-    batch_size: int = opt(8, "prompts per batch for hf: judges")
-    max_new_tokens: int = opt(256, "tokens the judge may write")
-    obs_chars: int = opt(1500, "characters of each observation shown to the judge; longer ones are cut (0 = all)")
+    batch_size: int = opt(8, "prompts per batch for hf: judges", advanced=True)
+    max_new_tokens: int = opt(256, "tokens the judge may write", advanced=True)
+    obs_chars: int = opt(1500, "characters of each observation shown to the judge; longer ones are cut (0 = all)",
+                         advanced=True)
 
 
 # --- the stage ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ template's glue are context. Each row becomes `input_ids` + `completion_mask`, w
   generation prompt, up to the end-of-turn token, is marked (the newline the template adds after
   it is glue).
 
-`--min-reward X` keeps rows with reward >= X (rejection sampling). `--lora` trains a peft
+Rejection sampling is `atom rft` (it keeps the right answers) before this stage. `--lora` trains a peft
 adapter and merges it before saving, so the output is a plain checkpoint like any other.
 TRL runs in a temporary output folder; its prints go to stderr (stdout carries data only).
 Progress is atomcli.progress's (step/max_steps, ETA, the last loss), reported by a TRL
@@ -22,14 +22,14 @@ TrainerCallback (`ProgressReport`) in place of the Trainer's printer of raw log 
 from __future__ import annotations
 
 import contextlib
-import math
 import shutil
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
-from atomcli.config import opt
+from atomcli.config import Removed, opt
 from atomcli.errors import InputError, unknown_choice
 
 
@@ -43,27 +43,32 @@ class SFTConfig:
     epochs: float = opt(1.0, "passes over the data")
     max_steps: int = opt(0, "stop after this many optimizer steps (0 = run all epochs)")
     lr: float = opt(5e-5, "learning rate")
-    lr_scheduler: str = opt("linear", "learning-rate schedule (transformers names: linear, cosine, constant...)")
-    warmup_ratio: float = opt(0.0, "fraction of the steps spent warming the learning rate up")
+    lr_scheduler: str = opt("linear", "learning-rate schedule (transformers names: linear, cosine, constant...)",
+                            advanced=True)
+    warmup_ratio: float = opt(0.0, "fraction of the steps spent warming the learning rate up", advanced=True)
     batch_size: int = opt(4, "sequences per device batch")
-    grad_accum: int = opt(1, "gradient accumulation steps")
+    grad_accum: int = opt(1, "gradient accumulation steps", advanced=True)
     max_length: int = opt(2048, "truncate sequences to this many tokens")
     pad_multiple: int = opt(256, "pad each batch to a multiple of this many tokens (0: to its longest row): a few "
                                  "tensor sizes, whose freed blocks the kept heap can reuse as they are "
-                                 "(atomcli/heap.py; the effect on its size is not measured)")
-    min_reward: float = opt(float("-inf"), "keep only rows with reward >= this (rejection sampling)")
-    gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, ~30% more time)")
+                                 "(atomcli/heap.py; the effect on its size is not measured)", advanced=True)
+    gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, ~30% more time)",
+                                       advanced=True)
     precision: str = opt("auto", "mixed precision: bf16 or fp32 (auto: bf16 on a GPU that supports it, else fp32); "
                                  "bf16 autocasts the matmuls and keeps fp32 master weights, and on a CPU with "
-                                 "AMX (bench/RESULTS.md) it is several times faster")
+                                 "AMX (bench/RESULTS.md) it is several times faster", advanced=True)
     sampling: str = opt("random", "batch order: random, or length (rows of similar length batched together within "
                                   "random quarters of the set, at most 50 batches each, longest first: less "
                                   "padding; every row once an epoch, but max_steps short of an epoch skips "
-                                  "the shortest rows of the last quarter it reaches)")
+                                  "the shortest rows of the last quarter it reaches)", advanced=True)
     lora: bool = opt(False, "train a LoRA adapter (peft) and merge it into the saved checkpoint")
-    lora_r: int = opt(16, "LoRA rank")
+    lora_r: int = opt(16, "LoRA rank", advanced=True)
     seed: int = opt(0, "random seed")
-    trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run")
+    trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run", advanced=True)
+
+    # sft filtered rows by reward itself; `atom rft` selects the rows to train on
+    REMOVED: ClassVar[dict] = {"min_reward": Removed(
+        "select the rows first: `atom rft` keeps answers with F1 >= --min-f1", takes_value=True)}
 
 
 def run(table, config: SFTConfig, context):
@@ -75,7 +80,6 @@ def run(table, config: SFTConfig, context):
     _check_config(config)
     if not checkpoint.is_main_process():  # under torchrun / accelerate launch: one voice per job
         context.quiet = True
-    table = filter_by_reward(table, config.min_reward)
     model, tok = models.load(config.model, context, trust_remote_code=config.trust_remote_code)
     examples, how = build_examples(table, tok)
     n_tokens = sum(sum(m) for m in examples["completion_mask"])
@@ -151,24 +155,6 @@ def _check_config(config: SFTConfig) -> None:
         raise unknown_choice("sampling", config.sampling, SAMPLING)
     from atomcli.train.accel import check_precision
     check_precision(config.precision)
-
-
-def filter_by_reward(table, min_reward: float):
-    """Rows with reward >= min_reward (no filter at -inf)."""
-    if math.isinf(min_reward) and min_reward < 0:
-        return table
-    if "reward" not in table.column_names:
-        raise InputError("--min-reward needs a `reward` column", column="reward",
-                         hint="run `atom aggregate-reward` first, or drop --min-reward")
-    rewards = table.column("reward").to_pylist()
-    bad = next((i for i, r in enumerate(rewards) if r is not None and not math.isfinite(r)), None)
-    if bad is not None:  # NaN >= x is False: the row would vanish without a word
-        raise InputError(f"reward is {rewards[bad]}", row=bad, column="reward",
-                         hint="rerun `atom aggregate-reward`; --min-reward needs finite rewards")
-    keep = [i for i, r in enumerate(rewards) if r is not None and r >= min_reward]
-    if not keep:
-        raise InputError(f"no row has reward >= {min_reward}", column="reward", hint="lower --min-reward")
-    return table.take(keep)
 
 
 # --- examples -------------------------------------------------------------------------------------
