@@ -45,8 +45,9 @@ class Removed:
     """A key a config class no longer has, listed in the class's `REMOVED: ClassVar[dict]`.
 
     `means(value)` gives the settings the old key stands for: it keeps working for this release,
-    with a deprecation line. Without `means` the key fails with `hint`. `takes_value`: whether
-    the old flag took a value (else it was an on/off flag)."""
+    with a deprecation line saying to use `hint` instead. Without `means` the key is an error whose
+    hint is `hint`.
+    `takes_value`: whether the old flag took a value (else it was an on/off flag)."""
     hint: str
     means: Callable[[Any], dict] | None = None
     takes_value: bool = False
@@ -130,7 +131,7 @@ def _replace_removed(key: str, gone: Removed, val: Any, given: dict, origin: str
     means = gone.means(val)
     for k, v in means.items():
         if k in given and given[k] != v:
-            raise InputError(f"{old} contradicts `{k} = {given[k]!r}`", file=file, hint=gone.hint)
+            raise InputError(f"{old} contradicts `{k} = {given[k]!r}`", file=file, hint=f"{old} means {gone.hint}")
     deprecation(old, gone.hint)
     return means
 

@@ -68,7 +68,7 @@ class SFTConfig:
 
     # sft filtered rows by reward itself; `atom rft` selects the rows to train on
     REMOVED: ClassVar[dict] = {"min_reward": Removed(
-        "select the rows first: `atom rft` keeps answers with F1 >= --min-f1", takes_value=True)}
+        "select the rows first: `atom rft` keeps the answers with F1 >= --min-f1", takes_value=True)}
 
 
 def run(table, config: SFTConfig, context):
