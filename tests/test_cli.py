@@ -38,9 +38,13 @@ def _timed(args):
     return time.perf_counter() - t
 
 
-def test_version():
+def test_version_is_written_once():
+    import tomllib
     p = atom("--version", check=True)
-    assert p.stdout.decode().startswith("atomcli ")
+    assert p.stdout.decode() == "atomcli 0.2.0\n"
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" in meta["project"]["dynamic"] and "version" not in meta["project"]
+    assert meta["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "atomcli.__version__"}
 
 
 def test_missing_column_names_the_stage_and_writes_nothing():
