@@ -1,4 +1,4 @@
-"""Guards every command shares, one per class of failure (docs/RELIABILITY.md, "Round two").
+"""Guards every command shares, one per class of failure (docs/RELIABILITY.md, rounds two and three).
 
 - **Outputs** (`check_outputs`, `check_output`, `Kind`): a command never writes an output over
   one of its own inputs (the same file by inode, or an input inside a folder it is about to
@@ -6,17 +6,24 @@
   by the marker files its writer leaves: `CHECKPOINT`, `DEMO_WORLD`, `RUN`), never replaces a
   file that is not what it writes (`INDEX`), and a file output that names an existing folder
   fails before the stage runs. Called by every command before it reads or computes anything.
+- **What an output path is** (`output_target`, `check_writable`): a device, a FIFO or a link to a
+  stream is written through, a symlink's target is replaced (never the link), a block device, a
+  socket or a folder where a file belongs is refused; an output whose folder cannot be written is
+  refused before the work. The guard above and tableio's atomic writers share the one decision.
 - **Files that are not ours** (`sqlite_tables`): what a SQLite file holds, read without
   writing to it, so that an index or a cache is recognised before anything opens it for writing.
 - **Resume identity** (`config_diff`, `describe_diff`): what differs between the run found on
   disk and the run asked for, for the message of a refused `--resume`.
-- **Secrets in SPEC strings** (`check_no_secret`, `redact_secrets`): a credential written into a
-  SPEC (URL user info, a key-like query parameter) is refused where SPECs enter (config building,
-  plugin SPECs, the OpenAI engine), so it can never reach a table, provenance, a checkpoint or a
-  log; `redact_secrets` masks one in any message that leaves the process anyway.
-- **Terminal text** (`visible`, `visible_tree`, `visible_json`): text from a model, a page or a
-  corpus is printed with its control characters (escape sequences, C1 controls, bidi overrides)
-  shown as escapes, never interpreted by the terminal.
+- **Secrets in settings** (`check_no_secret`, `check_no_secrets`, `redact_secrets`): a credential
+  written into a SPEC or any setting (URL user info, a key-like query parameter, a bearer token, an
+  Authorization header, a `--api-key` option, an API-key-like token in a policy-sync command) is
+  refused where settings enter (config building, plugin SPECs, the OpenAI engine, policy sync), so
+  it can never reach a table, provenance, config.json, a checkpoint or a log; `redact_secrets`
+  masks one in any message that leaves the process anyway.
+- **Terminal text** (`visible`, `visible_tree`, `visible_json`, `console`): text from a table, a
+  model, a page or a corpus is printed with its control characters (escape sequences, C1 controls,
+  bidi overrides) shown as escapes, never interpreted by the terminal; `console` is the rich
+  Console that applies `visible` to everything it prints (the context's, show's).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import json
 import os
 import re
 import sqlite3
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
@@ -46,6 +54,7 @@ class Kind:
     folder: bool = False
     ours: Callable[[Path], bool] | None = None  # an existing, non-empty target: may it be replaced?
     hint: str = "give a new name, or move the existing one away yourself"
+    stream: bool = True  # may it be written through a device, a FIFO or a stdout link (not: a SQLite file)
 
 
 def _has_any(*names: str) -> Callable[[Path], bool]:
@@ -102,7 +111,7 @@ CHECKPOINT = Kind("checkpoint folder", folder=True, ours=_has_any(*CHECKPOINT_MA
 DEMO_WORLD = Kind("demo-world folder", folder=True, ours=_has_any(DEMO_WORLD_MARKER))
 RUN = Kind("run folder made by `atom run-all`", folder=True, ours=is_run_folder,
            hint="give a new --out (run-all writes into a folder of its own)")
-INDEX = Kind("search index made by `atom index`", ours=is_index_file)
+INDEX = Kind("search index made by `atom index`", ours=is_index_file, stream=False)
 
 
 def _exists(p: Path) -> bool:
@@ -159,6 +168,8 @@ def check_outputs(outputs: Mapping[str, str | Path | None], kind: Kind = FILE, *
                 raise InputError(f"{flag} and {other_flag} name the same file; one would overwrite the other",
                                  file=str(out), hint="give each output its own name")
         seen.append((flag, p))
+        # what the path is (device, FIFO, link, folder) and whether it can be written: before any work
+        check_writable(output_target(p, folder=kind.folder, stream=kind.stream, flag=flag), flag)
 
 
 def _check_target(p: Path, kind: Kind, flag: str) -> None:
@@ -179,6 +190,100 @@ def _check_target(p: Path, kind: Kind, flag: str) -> None:
                          "give a file name")
     if kind.ours and p.is_file() and p.stat().st_size and not kind.ours(p):
         raise InputError(f"exists and is not a {kind.what}; refusing to replace it", file=name, hint=kind.hint)
+
+
+# --- what an output path is --------------------------------------------------------------------------
+
+NEW, REPLACE, THROUGH = "new", "replace", "through"
+_PROC_FD = re.compile(r"/proc/[^/]+/fd/\d+")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where an output really goes. `how`: NEW (no file yet: made beside `path` and renamed onto it),
+    REPLACE (a regular file or folder, replaced by one rename; a symlink's target, never the link
+    itself) or THROUGH (a character device such as /dev/null, a FIFO, or a link to one of this
+    process's streams such as /dev/stdout: opened and written, never renamed over)."""
+    how: str
+    path: Path
+
+
+def _through_fd_link(p: Path) -> bool:
+    """Does resolving `p` pass through /proc/PID/fd/N (/dev/stdout, /dev/fd/1, a link to either)?
+    realpath cannot say: it resolves such a link to `pipe:[…]` or to the file the shell opened."""
+    path = os.path.abspath(p)
+    for _ in range(40):  # the kernel's own limit on links followed
+        path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        if _PROC_FD.fullmatch(path):
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return False
+
+
+def output_target(out: str | Path, *, folder: bool = False, stream: bool = True, flag: str = "--out") -> Target:
+    """What writing the output `out` means, decided per kind of path; InputError (exit 2) where it
+    may not be written at all (a block device, a socket, a folder for a file, a file for a folder).
+
+    Shared by the output guard (before any work) and the writers (tableio's atomic writes), so a
+    path is never swapped for a regular file: /dev/null stays a device, a FIFO stays a FIFO, a link
+    stays a link to the new content."""
+    p, name = Path(str(out)), str(out)
+    if not _exists(p):
+        return Target(NEW, p)
+    try:
+        st = os.stat(p)  # follows links
+    except FileNotFoundError:  # a dangling link: the file it names is made
+        real = Path(os.path.realpath(p))
+        if str(real).startswith("/proc/"):
+            raise InputError("is a link to a stream that is closed", file=name, hint="give a file name") from None
+        return Target(NEW, real)
+    except OSError as e:
+        raise InputError(f"cannot be used as an output ({e.strerror})", file=name, hint="give another path") from None
+    mode = st.st_mode
+    if folder:
+        if not stat.S_ISDIR(mode):
+            raise InputError("exists and is not a folder; refusing to replace it with a folder", file=name,
+                             hint=f"give {flag} a folder name")
+        return Target(REPLACE, Path(os.path.realpath(p)))
+    if stat.S_ISDIR(mode):
+        raise InputError(f"is a folder; {flag} needs a file name", file=name, hint="give a file name")
+    if stat.S_ISREG(mode):
+        if _through_fd_link(p):  # `--out /dev/stdout > log`: the shell's file, written where it stands
+            return _through(p, stream, flag)
+        return Target(REPLACE, Path(os.path.realpath(p)))
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return _through(p, stream, flag)
+    what = "a block device (a disk)" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else \
+        "not a regular file"
+    raise InputError(f"is {what}; refusing to write an output there", file=name, hint="give a file name")
+
+
+def _through(p: Path, stream: bool, flag: str) -> Target:
+    if not stream:
+        raise InputError(f"is a device, a FIFO or a stream; {flag} must be a regular file here (it is "
+                         "reopened and updated in place)", file=str(p), hint="give a file name")
+    return Target(THROUGH, p)
+
+
+def check_writable(target: Target, flag: str = "--out") -> None:
+    """Refuse, before any work, an output that cannot be written: its folder (or the nearest one
+    that exists, where the missing ones would be made) is not a folder or not writable."""
+    name = str(target.path)
+    if target.how == THROUGH:
+        if not os.access(target.path, os.W_OK):
+            raise InputError(f"{flag} cannot be written (permission denied)", file=name, hint="give another path")
+        return
+    folder = target.path.parent
+    while not _exists(folder) and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise InputError(f"{flag} cannot be made: {folder} is not a folder", file=name,
+                         hint="give a path inside a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} cannot be written: the folder {folder} is not writable (permission denied "
+                         "or a read-only file system)", file=name, hint="give a path in a writable folder")
 
 
 def check_sqlite_file(path: str | Path, tables: set[str], what: str, hint: str) -> None:
@@ -249,13 +354,34 @@ def _url_secret(url: str) -> str | None:
     return None
 
 
+# Credentials outside URLs, as a command line or a header carries them (a `command:` policy sync, say).
+# A value that starts with `$` names an environment variable: a reference, not a key.
+_BARE_SECRETS = (
+    ("a bearer token", re.compile(r"(?i)\bbearer\s+(?![$%])([A-Za-z0-9._~+/=-]{8,})")),
+    ("an Authorization header", re.compile(r"(?i)\bauthorization\s*[:=]\s*(?![$%])(?!bearer\b)([^\s\"']{6,})")),
+    ("an API key header", re.compile(r"(?i)\b(?:x-api-key|api-key)\s*:\s*(?![$%])([^\s\"']{6,})")),
+    ("a key-like option", re.compile(r"(?i)(?:^|[\s\"'])--?(?:api[-_]?key|access[-_]?token|auth[-_]?token|token|"
+                                     r"password|passwd|secret|client[-_]secret)(?:=|\s+)(?![$%-])([^\s\"']{6,})")),
+    ("a key in an environment assignment", re.compile(r"\b[A-Za-z0-9_]*(?:API_KEY|TOKEN|SECRET|PASSWORD)="
+                                                      r"(?![$%])([^\s\"']{6,})")),
+    ("a token that looks like an API key", re.compile(
+        r"(?<![A-Za-z0-9])(sk-[A-Za-z0-9_-]{16,}|sk_(?:live|test)_[A-Za-z0-9]{16,}|hf_[A-Za-z0-9]{20,}|"
+        r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|"
+        r"AIza[0-9A-Za-z_-]{30,})")),
+)
+
+
 def find_secret(text: str) -> str | None:
-    """Why `text` seems to carry a credential inside a URL, or None."""
-    if not isinstance(text, str) or "://" not in text:
+    """Why `text` seems to carry a credential (inside a URL, or a token, header or key option), or None."""
+    if not isinstance(text, str):
         return None
-    for m in _URL.finditer(text):
-        why = _url_secret(m.group())
-        if why:
+    if "://" in text:
+        for m in _URL.finditer(text):
+            why = _url_secret(m.group())
+            if why:
+                return why
+    for why, pattern in _BARE_SECRETS:
+        if pattern.search(text):
             return why
     return None
 
@@ -273,21 +399,50 @@ def _redact_url(m: re.Match) -> str:
     return f"{scheme}://{authority}" + _PARAM.sub(lambda t: f"{t.group(1)}{t.group(2)}=***", tail)
 
 
+def _mask_group(m: re.Match) -> str:
+    start, end = m.span(1)
+    return m.group()[:start - m.start()] + "***" + m.group()[end - m.start():]
+
+
 def redact_secrets(text: str) -> str:
-    """`text` with URL user info and key-like query values replaced by `***`."""
-    if not isinstance(text, str) or "://" not in text:
+    """`text` with URL user info, key-like query values, bearer tokens, key options and API-key-like
+    tokens replaced by `***`."""
+    if not isinstance(text, str):
         return text
-    return _URL.sub(_redact_url, text)
+    if "://" in text:
+        text = _URL.sub(_redact_url, text)
+    for _, pattern in _BARE_SECRETS:
+        text = pattern.sub(_mask_group, text)
+    return text
 
 
 def check_no_secret(value, what: str) -> None:
-    """Refuse a SPEC (or any setting) that carries a credential: it would be stored and printed."""
+    """Refuse a SPEC (or any setting) that carries a credential: it would be stored and printed.
+
+    Every string setting passes here when its config is built (config.build), and every SPEC where
+    it enters, so nothing that is stored (config.json, provenance, atom_state.json) holds a key."""
     why = find_secret(value) if isinstance(value, str) else None
     if why:
-        raise InputError(f"{what} `{redact_secrets(value)}` carries {why}; a key written into a SPEC would "
-                         "be stored in tables, provenance and logs, so it is refused",
-                         hint="remove it from the SPEC and put the key in the environment (OPENAI_API_KEY, "
-                              "or the variable the judge's api_key_env names)")
+        raise InputError(f"{what} `{redact_secrets(value)}` carries {why}; a key written into a setting would "
+                         "be stored in tables, provenance, config.json and logs, so it is refused",
+                         hint="remove it and put the key in the environment (OPENAI_API_KEY, the variable a "
+                              "judge's api_key_env names; a policy-sync command inherits the environment, so "
+                              "let it read the key there)")
+
+
+def check_no_secrets(settings, where: str = "setting") -> None:
+    """`check_no_secret` for every string in nested settings (dicts, lists), named by its key path:
+    the last guard before settings are stored (run-all's config.json)."""
+    def walk(obj, path: str) -> None:
+        if isinstance(obj, str):
+            check_no_secret(obj, f"{where} `{path}`" if path else where)
+        elif isinstance(obj, Mapping):
+            for k, v in obj.items():
+                walk(v, f"{path}.{k}" if path else str(k))
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(v, f"{path}[{i}]")
+    walk(settings, "")
 
 
 # --- terminal text ------------------------------------------------------------------------------------
@@ -323,3 +478,28 @@ def visible_tree(obj):
 def visible_json(text: str) -> str:
     """JSON text (from json.dumps) with the controls it leaves raw written as \\u escapes: same data."""
     return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+_CONSOLE_CLASS = None
+
+
+def console(**kwargs):
+    """A rich Console that shows control characters in everything it prints as escapes (`visible`):
+    plain strings, Text and table cells alike, while its own colours still work. Every console that
+    prints table, model or page text is one of these (the context's, show's, eval's tables)."""
+    global _CONSOLE_CLASS
+    if _CONSOLE_CLASS is None:
+        from rich.console import Console
+        from rich.segment import Segment
+
+        class VisibleConsole(Console):
+            def render_str(self, text, **kwargs):  # strings are measured as they will be shown
+                return super().render_str(visible(text), **kwargs)
+
+            def render(self, renderable, options=None):
+                for seg in super().render(renderable, options):
+                    # control segments are rich's own cursor moves; text segments carry the data
+                    yield seg if seg.control else Segment(visible(seg.text), seg.style, seg.control)
+
+        _CONSOLE_CLASS = VisibleConsole
+    return _CONSOLE_CLASS(**kwargs)

@@ -4,7 +4,10 @@ Inputs: Parquet or JSONL, from a path or `-` (stdin, buffered in memory because 
 needs to seek). The format is sniffed from the magic bytes, so extensions do not matter.
 Outputs: Parquet (default) or JSONL (`fmt="jsonl"` or a `.jsonl` name), to a path or `-`.
 Every output is written to a temporary file in the target folder and renamed into place,
-so a crash or a bad row never leaves a half-written file under the final name.
+so a crash or a bad row never leaves a half-written file under the final name. What the
+output path is decides how (atomcli.safety.output_target): a character device (/dev/null), a
+FIFO or a link to a stream (/dev/stdout) is written through once the output is whole, never
+replaced by a regular file; a symlink's target is replaced and the link kept.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import contextlib
 import io
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -22,7 +26,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from atomcli import schema
+from atomcli import safety, schema
 from atomcli.errors import InputError
 
 PARQUET_MAGIC = b"PAR1"
@@ -77,29 +81,49 @@ def _read_parquet(source, name: str) -> pa.Table:
                          hint="the file may be truncated or corrupted; rewrite it") from None
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
 def jsonl_objects(lines: Iterable[bytes], name: str, what: str = "file") -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank JSONL line; bad lines raise a located InputError.
 
-    Shared by table reading (a whole buffer) and `atom index` (a streamed corpus)."""
+    The row an error names is the table row the line would have been (blank lines make no row);
+    the line number counts every line. A UTF-8 byte-order mark (Windows editors write one) is
+    skipped; a UTF-16 one is named. Shared by table reading (a whole buffer) and `atom index`
+    (a streamed corpus)."""
+    row = 0
     for lineno, line in enumerate(lines, start=1):
+        if lineno == 1:
+            if line.startswith(UTF16_BOMS):
+                raise InputError("the file is UTF-16 (it starts with a UTF-16 byte-order mark)", file=name, row=0,
+                                 hint=f"re-encode the {what} as UTF-8")
+            if line.startswith(UTF8_BOM):
+                line = line[len(UTF8_BOM):]
         if not line.strip():
             continue
         try:
             line.decode("utf-8")
         except UnicodeDecodeError as e:
             raise InputError(f"line {lineno} is not valid UTF-8 (byte {e.start})", file=name,
-                             row=lineno - 1, hint=f"re-encode the {what} as UTF-8") from None
+                             row=row, hint=f"re-encode the {what} as UTF-8") from None
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError as e:
-            hint = "is this a Parquet file that lost its header?" if lineno == 1 and not line.lstrip().startswith(b"{") \
+            hint = "is this a Parquet file that lost its header?" if row == 0 and _binary(line) \
                 else "each line must be one JSON object"
             raise InputError(f"line {lineno} is not valid JSON ({e.msg})", file=name,
-                             row=lineno - 1, hint=hint) from None
+                             row=row, hint=hint) from None
         if not isinstance(obj, dict):
-            raise InputError(f"line {lineno} is not a JSON object", file=name, row=lineno - 1,
+            raise InputError(f"line {lineno} is not a JSON object", file=name, row=row,
                              hint="each line must be one JSON object")
         yield lineno, obj
+        row += 1
+
+
+def _binary(line: bytes) -> bool:
+    """Bytes no text file starts with: NUL or other C0 controls but tab, newline and carriage return."""
+    return any(b < 0x20 and b not in (9, 10, 13) for b in line[:64])
 
 
 def _read_jsonl(raw: bytes, name: str) -> pa.Table:
@@ -193,7 +217,18 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 @contextlib.contextmanager
 def _atomic_file(path: Path):
-    """A binary file object for a temporary file beside `path`, renamed onto it on success."""
+    """A binary file object for a temporary file beside `path`, renamed onto it on success.
+
+    What `path` is decides (safety.output_target): a device, a FIFO or a stdout link is written
+    through once the whole output is made, never renamed over; a symlink's target is replaced,
+    the link kept; a folder, a block device or a socket is refused (exit 2)."""
+    target = safety.output_target(path)
+    if target.how == safety.THROUGH:
+        buf = io.BytesIO()
+        yield buf
+        _write_through(target.path, buf.getvalue())
+        return
+    path = target.path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -209,17 +244,49 @@ def _atomic_file(path: Path):
         raise
 
 
+def _write_through(path: Path, data: bytes) -> None:
+    """Write `data` into a device, a FIFO (waits for its reader) or a stream link, appending as a
+    shell's `>>` would: the file a `> log` redirection opened keeps what the process wrote before."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    except OSError as e:
+        raise InputError(f"cannot be opened for writing ({e.strerror})", file=str(path),
+                         hint="give another path") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def share_folder(root: Path) -> None:
+    """Give everything under `root` the mode a new file or folder gets from the umask.
+
+    Libraries write some files through temporary files of their own (transformers' weight shards),
+    which mkstemp makes 0600; a server running as another user (policy sync) must read them."""
+    for folder, dirs, files in os.walk(root):
+        os.chmod(folder, default_mode(0o777))
+        for name in files:
+            f = os.path.join(folder, name)
+            st = os.lstat(f)
+            if stat.S_ISREG(st.st_mode):
+                want = default_mode(0o777 if st.st_mode & 0o100 else 0o666)
+                if st.st_mode & 0o777 != want:
+                    os.chmod(f, want)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path):
     """Yield a temporary folder next to `path`; on success it replaces `path` in one rename.
 
-    On any exception the temporary folder is removed and an existing `path` is left intact."""
-    path = Path(path)
+    On any exception the temporary folder is removed and an existing `path` is left intact.
+    A symlink to a folder keeps pointing at the new folder (its target is replaced, not the link);
+    anything else that is not a folder is refused before the work (safety.output_target). Files
+    in the folder get the umask's mode, whoever wrote them (share_folder)."""
+    path = safety.output_target(path, folder=True).path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     os.chmod(tmp, default_mode(0o777))  # mkdtemp makes 0700
     try:
         yield tmp
+        share_folder(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

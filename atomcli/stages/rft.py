@@ -59,6 +59,11 @@ def run(table, config: RFTConfig, context):
     check(config)
     from atomcli import schema
     rows = table.select([c for c in schema.STAGE_INPUTS["rft"] if c != "messages"]).to_pylist()  # what select reads
+    no_gold = schema.missing_golden(table, context, "rft", "they can never be kept")
+    if len(no_gold) == len(rows):  # the cause is the table, not the policy: say so
+        raise InputError(f"no row has a golden answer (`golden_answers` empty, null or blank in all {len(rows)}), "
+                         "so no answer can be judged right", row=no_gold[0], column="golden_answers",
+                         hint="roll out a question file whose rows carry golden_answers")
     kept = select(rows, config)
     questions = len({r["id"] for r in rows})
     if not kept:

@@ -167,6 +167,9 @@ def run_to_file(mod, table: pa.Table, cfg, ctx, *, out: str, fmt: str | None, re
         result = mod.run(table, cfg, ctx)
         return _finish(mod, result, table, cfg, ctx, out, fmt)
     folder = partial_dir(out)
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):  # rmtree / mkdir would fail late, raw
+        raise InputError("is a symbolic link or not a folder; a rollout keeps its unfinished groups in a folder "
+                         "of its own there", file=str(folder), hint="remove it (or move it away), or use another --out")
     done: list[pa.Table] = []
     if resume:
         done = read_done(out, cfg.model, cfg, table, mod.group_ids(table))

@@ -10,8 +10,9 @@ the rendering is the requested output (`atom show t.parquet | less -R`), like `c
 `--html FILE` the page is the output, nothing is printed and only the "wrote" line goes to
 stderr (`--html -` prints the page). Model text is untrusted: the terminal view never
 interprets it as rich markup and shows its control characters as escapes (`\x1b`;
-atomcli.safety.visible), and the HTML page escapes all of it (inline CSS, no scripts,
-no external assets).
+atomcli.safety.visible), and the HTML page escapes all of it, control characters included,
+so `--html -` on a terminal is as safe as the terminal view (inline CSS, no scripts, no
+external assets).
 
 Scores are shown as stored; colours use score/10 (score-rrm's integer 0-10 scale, DESIGN.md
 §5), unless every score in the table is a fraction in [0, 1] (a third-party scorer's scale).
@@ -58,9 +59,8 @@ def main(table_path: str, *, row: int | None = None, html: str | None = None, co
             if context is not None:
                 context.log(f"[green]wrote[/] {html}")
         return
-    from rich.console import Console
     # model, page and corpus text: escape sequences (colours, OSC 52 clipboard writes, titles) shown, not run
-    print_views(safety.visible_tree(views), Console(file=sys.stdout, highlight=False))
+    print_views(safety.visible_tree(views), safety.console(file=sys.stdout, highlight=False))
 
 
 # --- a neutral view of one row (both renderings read only this) --------------------------------
@@ -217,7 +217,9 @@ table.facts{border-collapse:collapse;margin-top:.5rem} table.facts td{border:1px
 
 
 def _e(x) -> str:
-    return _html.escape("" if x is None else str(x), quote=True)
+    """Table text for the page: control characters shown as escapes (a page printed with `--html -`
+    reaches a terminal; no valid HTML holds them anyway), then HTML-escaped."""
+    return _html.escape(safety.visible("" if x is None else str(x)), quote=True)
 
 
 def _thought_html(tag, body, score, u) -> str:
