@@ -286,19 +286,52 @@ def _turn_counts(table) -> list[int]:
             for msgs in table.column("messages").to_pylist()]
 
 
+# what each process signal's per-turn values must be: (column, lowest, highest, the stage that makes them)
+TURN_SIGNALS = {"ig": ("turn_ig", -math.inf, math.inf, "score-ig"), "atr": ("atomic_thoughts", 0.0, 10.0, "score-rrm")}
+
+
+def check_turn_signal(process: str, per_row: list, n_turns: list[int], usable: list[bool]) -> None:
+    """The one check of every per-turn process signal before any turn advantage is made: each value
+    a finite number in the signal's range (atomic-thought scores 0-10, turn gains any finite number),
+    and, on the rows that are used, each value on one of the row's assistant turns (the runs of 1s in
+    `loss_mask`) — `turn_ig` one value per turn. InputError naming the row and column (exit 2).
+
+    per_row[i]: row i's (turn, value) pairs, or None when the row has none."""
+    column, lo, hi, stage = TURN_SIGNALS[process]
+    hint = f"rerun `atom {stage}` on this table"
+    for row, pairs in enumerate(per_row):
+        for turn, v in pairs or []:
+            if v is None and process == "atr":
+                continue  # a thought the judge did not score (its row has rrm_error set)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and lo <= v <= hi):
+                want = "a finite number" if math.isinf(lo) else f"a number in [{lo:g}, {hi:g}]"
+                raise InputError(f"`{column}` holds {v!r} on turn {turn}, expected {want}", row=row, column=column,
+                                 hint=hint)
+        if not usable[row]:
+            continue
+        turns = n_turns[row]
+        if process == "ig" and len(pairs or []) != turns:
+            raise InputError(f"`turn_ig` has {len(pairs or [])} values but the row has {turns} assistant turns",
+                             row=row, column=column, hint=hint)
+        for turn, _ in pairs or []:
+            if not (isinstance(turn, int) and 0 <= turn < turns):
+                raise InputError(f"`{column}` has a value on turn {turn!r}, but the row has {turns} assistant turns "
+                                 "(the runs of 1s in `loss_mask`, numbered from 0)", row=row, column=column,
+                                 hint=hint + " (was the table cut or its token columns rewritten after scoring?)")
+
+
 def _turn_rewards(table, config: AggregateConfig, usable: list[bool], n_turns: list[int]) -> list:
-    """Each usable row's process reward per turn (None for the others)."""
+    """Each usable row's process reward per turn (None for the others), from a checked signal."""
     n = table.num_rows
     if config.process == "none":
         return [None] * n
     if config.process == "ig":
         per_turn = table.column("turn_ig").to_pylist()
-        for row, (xs, t) in enumerate(zip(per_turn, n_turns)):
-            if usable[row] and (xs is None or len(xs) != t):
-                raise InputError(f"`turn_ig` has {len(xs or [])} values but the row has {t} assistant turns",
-                                 row=row, column="turn_ig", hint="rerun `atom score-ig` on this table")
+        check_turn_signal("ig", [None if xs is None else list(enumerate(xs)) for xs in per_turn], n_turns, usable)
         return [list(xs) if usable[i] else None for i, xs in enumerate(per_turn)]
     thoughts = table.column("atomic_thoughts").to_pylist()
+    check_turn_signal("atr", [[(th.get("turn"), th.get("score")) for th in ths or [] if th is not None]
+                              for ths in thoughts], n_turns, usable)
     out = []
     for i in range(n):
         if not usable[i]:
