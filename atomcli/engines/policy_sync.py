@@ -56,6 +56,9 @@ no atomcli stage wrote) and a hash of its policy files' names, sizes and modific
 
 The checkpoint path is sent as it is seen here (absolute): the server must see the same filesystem.
 The API key, if any, is OPENAI_API_KEY, as for the rollout engine; it never appears in a message.
+A key written into the setting itself (`command:sync.sh -H "Authorization: Bearer sk-…"`) is refused
+(atomcli.safety.check_no_secret), as in any SPEC: the setting is stored in config.json and provenance.
+The command inherits the environment, so it reads the key there.
 """
 
 from __future__ import annotations
@@ -119,7 +122,9 @@ class SyncMethod(Protocol):
 # --- specs and versions ------------------------------------------------------------------------
 
 def check_spec(spec: str) -> None:
-    """Fail on an unknown method name before anything runs (no network)."""
+    """Fail on an unknown method name, or a key written into a command, before anything runs (no network)."""
+    from atomcli.safety import check_no_secret
+    check_no_secret(spec, "policy sync")  # the setting is stored (config.json, provenance): no key in it
     if spec.startswith(COMMAND_PREFIX):
         _command_argv(spec)
     elif spec not in METHODS:
