@@ -85,21 +85,33 @@ def main(*, out: str, config_file: str | None, resume: bool, context, preset: st
     check_stage_configs(run)
     if resume:
         folder.check_same_settings(run_dir, settings)
-    built = preset is not None and not Path(run.cfg.train).exists()
-    if built:  # the training file is made by this run: what it will hold is known from the world's style
+    inputs = None
+    if preset is not None and not _inputs_exist(run):
+        # the inputs are built by this run: what its training file will hold is known from the world's style
         from atomcli.stages.run_all import rft_rounds
         rft_rounds.check_sources(run.cfg, world_sources(run.cfg.world_style))
     else:
-        _plan(run)  # every input exists: check them all now
+        inputs = _plan(run)  # every input exists: check them all now
     fd = folder.lock(run_dir)
     try:
         if preset is not None:  # the world is built by this run: mark the folder first, so a kill mid-build can --resume
             folder.mark(run_dir, settings, building=True)
             prepare(run_dir, preset, config_file, context)
-        _run(run, settings)
+        _run(run, settings, inputs or _plan(run))
     finally:
         import os
         os.close(fd)
+
+
+def _inputs_exist(run: Run) -> bool:
+    """Whether every input file the settings name exists (a preset's world, benchmark and model are built)."""
+    cfg = run.cfg
+    paths = [cfg.train, cfg.test, cfg.sft_data, cfg.transfer_test,
+             *(spec[len("local:"):] for spec in (cfg.search, cfg.transfer_search) if spec.startswith("local:"))]
+    model = Path(cfg.model)
+    if run.out in model.parents:  # the quick preset's tiny model
+        paths.append(str(model / "config.json"))
+    return all(Path(p).exists() for p in paths if p)
 
 
 def _plan(run):
@@ -127,14 +139,14 @@ def _plan(run):
     return train, test, plan, dev_rows, pool
 
 
-def _run(run: Run, settings: dict) -> None:
-    """The run itself, once the folder is locked (and a preset's world built)."""
+def _run(run: Run, settings: dict, inputs: tuple) -> None:
+    """The run itself, once the folder is locked (and a preset's world built); `inputs` as `_plan` returns."""
     from atomcli import tableio
     from atomcli.engines import policy_sync
     from atomcli.stages import sft
     from atomcli.stages.run_all import loop, report, rft_rounds
     cfg, run_dir = run.cfg, run.out
-    train, test, plan, dev_rows, pool = _plan(run)
+    train, test, plan, dev_rows, pool = inputs
     folder.mark(run_dir, settings)
     evals = run_dir / layout.EVAL
     if cfg.eval_limit:
