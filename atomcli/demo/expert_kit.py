@@ -1,19 +1,17 @@
-"""What the research-style scripted experts share (`atom demo-world --style research`).
+"""What the scripted experts share: the demo world's (`atomcli.demo.expert`) and the real-text one
+(`atomcli.demo.real_sft`), which write the SFT trajectories of `atom demo-world`.
 
-Two experts write SFT trajectories in this style: the demo-world one (`research_world`) and
-the one over the real SQLite documentation (`real_sft`). Both must teach research rather
-than a template (issue 20), so they share:
-
-- `Recorder`: writes the turns of one trajectory, running every tool call through the real
-  `ToolBox` (the observations are what a rollout with the same index and k would see) and
-  building the trajectory row in the contract's columns;
-- `key_terms`: the words of a question that carry its meaning (queries are built from them,
-  never from a fixed phrase);
-- `say`: phrase banks with several wordings for each kind of thought, so no single sentence
-  is in every trajectory, and nothing in them names a number of hops or links that the
-  question does not show;
-- `evidence`: where a value occurs in an observation, and the sentence that states it (the
-  answer is copied from there, so no trajectory answers with a fact it did not receive).
+- `expert_trajectories`: runs an expert over an index with the real `ToolBox` (k = `SFT_K`), keeping the
+  well-formed rows that answer exactly;
+- `Recorder`: writes the turns of one trajectory, running every tool call through that `ToolBox` (the
+  observations are what a rollout with the same index and k would see) and building the trajectory row
+  in the contract's columns;
+- `key_terms`: the words of a question that carry its meaning (queries are built from them, never from
+  a fixed phrase);
+- `say`: phrase banks with several wordings for each kind of thought, so no single sentence is in every
+  trajectory, and nothing in them names a number of hops or links that the question does not show;
+- evidence (`results`, `quote`, `copy_span`): where a value occurs in an observation, and the sentence
+  that states it (the answer is copied from there, so no trajectory answers with a fact it did not receive).
 """
 
 from __future__ import annotations
@@ -22,9 +20,11 @@ import json
 import random
 import re
 
-from atomcli.demo.world import SYSTEM_DATE  # the demo world's prompt date, defined once
+from atomcli.env import search_local
 
-POLICY = "research-expert"
+SFT_K = 3                   # search results per query for the experts: a rollout with `--k 3` sees the same
+SYSTEM_DATE = "2026-01-01"  # the date in the experts' system prompt
+POLICY = "research-expert"  # the `policy` column of the real-text expert's rows
 
 # Question words and glue on top of the search engine's stopwords: a query is content words only.
 _EXTRA_STOP = frozenset({"what", "which", "who", "whom", "whose", "where", "when", "how", "why", "does", "did", "do",
@@ -89,11 +89,6 @@ PHRASES = {
         "Change the query to {query}.",
         "Try different terms: {query}.",
     ),
-    "namesake": (
-        "Results about {other} share part of the name but are a different entity.",
-        "{other} is a namesake, not {target}; ignore it.",
-        "A similar name, {other}, shows up; it is not the one asked about.",
-    ),
     "snippet_short": (
         "The page on {target} is in the results, but its snippet stops before {goal}.",
         "The {target} result is right, yet the snippet does not show {goal}.",
@@ -113,9 +108,8 @@ PHRASES = {
         "Evidence: \"{quote}\".",
         "It reads: \"{quote}\".",
     ),
-    # the tempting sentence first, the answer's second: one fixed order the policy can copy. Session 37 tried a
-    # random order (the policy took the second either way): transfer 0.193, against 0.228 and 0.248 (two seeds)
-    # with this order, which the rejection-sampling rounds of sessions 38-40 start from (bench/LEARNING.md)
+    # the tempting sentence first, the answer's second: one fixed order the policy can copy (with a random
+    # order the policy took the second sentence either way, and transferred worse)
     "rival": (
         "One result says \"{rival}\", another \"{quote}\".",
         "Two values: \"{rival}\" and \"{quote}\".",
@@ -182,7 +176,7 @@ def quote(text: str, value: str, terms: list[str] = (), max_words: int = 24, *, 
 
     `end_at_value` cuts the sentence just after the value (keeping the `max_words` words before it), so the
     answer is the quote's last words: a small model then copies the words it just wrote instead of picking a
-    span out of the middle of a sentence (session 33). A value in the sentence's first words keeps the sentence."""
+    span out of the middle of a sentence. A value in the sentence's first words keeps the sentence."""
     pat = value_pattern(value)
     best, best_score = None, -1
     for sent in sentences(text):
@@ -265,3 +259,34 @@ class Recorder:
                 "n_turns": sum(m["role"] == "assistant" for m in self.msgs),
                 "n_search": sum(c["name"] == "web_search" for c in n),
                 "n_browse": sum(c["name"] == "browse_webpage" for c in n), "tool_calls": n}
+
+
+# --- running an expert ---------------------------------------------------------------------------
+
+def expert_trajectories(spec: str, ctx, make_expert, questions, golden, limit: int | None = None,
+                        snippets: str = search_local.PAGE_ORDER):
+    """SFT rows an expert writes with the real tools over the index `spec`: up to `limit` rows that are
+    well formed and answer exactly (F1 1), and how many were dropped. `make_expert(toolbox)` builds the
+    expert, `golden(question)` gives its golden answers; `snippets` is the index's snippet order (the
+    `snippets=` search option its rollouts will use). The ToolBox is closed and its cached search
+    forgotten afterwards: the index lives in a folder about to be renamed or deleted."""
+    from atomcli.env.tools import ToolBox
+    from atomcli.rewards import metrics
+    rows, dropped = [], 0
+    options = search_local.snippet_options(snippets)
+    toolbox = ToolBox(spec, ctx, k=SFT_K, search_options=options)
+    try:
+        expert = make_expert(toolbox)
+        for q in questions:
+            if limit is not None and len(rows) >= limit:
+                break
+            row = expert.solve(q)
+            if row and row["format_ok"] and metrics.f1(row["answer"], golden(q)) == 1.0:
+                rows.append(row)
+            else:
+                dropped += 1
+    finally:
+        toolbox.close()
+        toolbox.backend.close()
+        ctx.forget_search(spec, **options)
+    return rows, dropped
