@@ -363,9 +363,8 @@ def demo_world_cmd(
     sft: Annotated[int, typer.Option("--sft", help="Scripted-expert SFT trajectories.")] = 200,
     real: Annotated[Optional[str], typer.Option("--real", help="Instead, write the shipped real-text benchmark "
                                                 "NAME (sqlite: SQLite's documentation); the other flags are ignored.")] = None,
-    style: Annotated[str, typer.Option("--style", help="classic (the default world and expert), research "
-                                       "(namesakes, longer pages, an expert that rewrites queries and browses; "
-                                       "the SFT set adds real-text train questions), stepwise (the classic world; "
+    style: Annotated[str, typer.Option("--style", help="classic (the default world and expert), "
+                                       "stepwise (the classic world; "
                                        "an expert that names no hop count and restates the question after each "
                                        "fact) or stepwise-real (stepwise plus the SQLite benchmark's passages, "
                                        "train questions and expert trajectories).")] = "classic",
