@@ -142,6 +142,10 @@ def _error_detail(e: urllib.error.HTTPError) -> str:
         obj = json.loads(raw)
         err = obj.get("error")
         msg = err.get("message") if isinstance(err, dict) else err
-        return str(msg or raw[:200])[:200]
+        if not msg:  # FastAPI servers (transformers serve): {"detail": "..."} or a list of validation errors
+            detail = obj.get("detail")
+            msg = "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail) \
+                if isinstance(detail, list) else detail
+        return str(msg or raw[:200])[:300]
     except Exception:  # any body at all: the status code alone still says enough
         return str(e.reason)[:200]

@@ -23,6 +23,8 @@ What a responder may return (it is called once per POST request, from the handle
 - `("sleep", seconds)` or `("sleep", seconds, then)`: wait before answering, to make the
   client time out; afterwards `then` (any of the above, default `""`) is answered if the
   client is still listening.
+- `("status", code, obj)`: that HTTP status with `obj` as the JSON body verbatim (a server's own
+  error format, e.g. FastAPI's `{"detail": "..."}` as `transformers serve` sends it).
 - `Exception` instance: raised inside the handler -> the connection is closed with no reply.
 
 Instead of a callable, `responder` may be a constant (any value above) or a `list` of values
@@ -43,6 +45,9 @@ adapter path, or the base weights' path, that would answer a request for that mo
 - SGLang: `POST /update_weights_from_disk {model_path, weight_version?}` -> `{success, message,
   num_paused_requests}` (400, success false, for a missing path); `GET /model_info` and the older
   `GET /get_model_info` -> `{model_path, weight_version, is_generation}`.
+- transformers serve: `POST /load_model {model}` loads a local model folder (one with config.json) and
+  serves it under its path (kept in `server.adapters`, path -> path); the answer is its event stream,
+  `data: {"status": "loading"}` then `{"status": "ready"}` or `{"status": "error", "message"}`.
 - vLLM dev mode (`dev_mode=True`, as with VLLM_SERVER_DEV_MODE=1): `POST /collective_rpc {method:
   "reload_weights", kwargs: {weights_path}}`, `POST /update_weight_version {new_version}`, `GET
   /weight_info` -> `{weight_version}`.
@@ -190,6 +195,16 @@ class FakeOpenAI:
                 self.weights = path
                 self.updates.append((route, body))
             return 200, {"results": [None]}
+        if route == "/load_model":  # transformers serve: a model per local path, its progress as server-sent events
+            path = body.get("model")
+            if not isinstance(path, str) or not os.path.isfile(os.path.join(path, "config.json")):
+                event = {"status": "error", "model": path, "message": f"Unrecognized model in {path}."}
+            else:
+                with self._lock:
+                    self.adapters[path] = path  # listed by /v1/models and answering under its path
+                    self.updates.append((route, body))
+                event = {"status": "ready", "model": path, "cached": False}
+            return 200, f'data: {json.dumps({"status": "loading", "model": path})}\n\ndata: {json.dumps(event)}\n\n'
         if route == "/update_weight_version" and self.dev_mode:
             with self._lock:
                 self.weight_version = str(body.get("new_version"))
@@ -267,6 +282,9 @@ class _Handler(BaseHTTPRequestHandler):
             reply = reply[2] if len(reply) > 2 else ""
         if isinstance(reply, BaseException):
             raise reply
+        if isinstance(reply, tuple) and len(reply) == 3 and reply[0] == "status":
+            self._send_json(int(reply[1]), reply[2])
+            return
         try:
             if isinstance(reply, bool):
                 raise TypeError("responder returned a bool")

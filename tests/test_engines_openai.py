@@ -240,3 +240,91 @@ def test_both_engines_have_every_member_of_the_engine_protocol(tiny_model, tok):
         missing = [m for m in members if not hasattr(engine, m)]
         assert not missing, f"{type(engine).__name__} lacks {missing}"
     assert hf.max_positions == model.config.max_position_embeddings and http.max_positions is None
+
+
+# --- servers that refuse what they do not know (transformers serve's answers, replayed) ---------------
+
+def transformers_like(tok, turns=TURNS, *, past_stop: str = ""):
+    """Answers as `transformers serve` 5.x does: HTTP 422 naming any field it does not take, 400 for a
+    token-id prompt, and text only (no ids, no log-probs); `past_stop`: text it runs on with after a stop
+    string (its continuous batching ignores `stop`)."""
+    text_only = vllm_like(tok, turns, logprobs=False)
+    accepted = {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "n", "stream", "logprobs", "stop",
+                "generation_config"}
+
+    def respond(body, path):
+        extra = set(body) - accepted
+        if extra:
+            return ("status", 422, {"detail": f"Unexpected fields in the request: {extra}"})
+        if not isinstance(body["prompt"], str):
+            return ("status", 400, {"detail": "prompt must be a string."})
+        reply = text_only(body, path)
+        if past_stop and any(reply["choices"][0]["text"].endswith(s) for s in body.get("stop", [])):
+            reply["choices"][0]["text"] += past_stop
+        return reply
+    return respond
+
+
+def test_a_transformers_serve_like_server_is_learned_once_and_sampled_for_real(tiny_model, tok):
+    ctx = Context(quiet=True)
+    with FakeOpenAI(transformers_like(tok)) as server:
+        c = cfg(server, tiny_model, group_size=1, concurrency=1, temperature=1.0)
+        out = rollout.run(questions(2), c, ctx)
+        prov = rollout.provenance_fields(c, ctx)
+    rows = out.to_pylist()
+    for row in rows:
+        check_contract(row, tok)
+        assert row["finish_reason"] == "answer" and row["answer"] == "Paris"
+    # one 422 (the vLLM fields), one 400 (the id prompt), then everything answered on the first try
+    codes = [set(r.json) & set(["return_tokens_as_token_ids"]) for r in server.requests]
+    assert codes[0] and not any(codes[1:])
+    assert isinstance(server.requests[1].json["prompt"], list)
+    answered = server.requests[2:]
+    assert len(answered) == 8 and all(isinstance(r.json["prompt"], str) for r in answered)
+    # its sampling starts from the model's generation config: the engine asks for real sampling
+    assert {r.json["generation_config"] for r in answered} == {'{"do_sample": true, "top_k": 0}'}
+    assert (prov["extra"]["tokens"], prov["extra"]["prompt"], prov["extra"]["server_kind"]) == \
+        ("retokenized", "text", "transformers")
+
+
+def test_text_past_a_stop_string_is_cut_at_the_stop(tiny_model, tok):
+    ctx = Context(quiet=True)
+    with FakeOpenAI(transformers_like(tok, past_stop="\n<think>more</think>")) as server:
+        row = rollout.run(questions(1), cfg(server, tiny_model, group_size=1), ctx).to_pylist()[0]
+    check_contract(row, tok)
+    assert row["finish_reason"] == "answer" and row["answer"] == "Paris"
+    assert [m["content"] for m in row["messages"] if m["role"] == "assistant"] == TURNS
+
+
+def test_a_server_that_refuses_every_request_stops_the_run(tiny_model, tok):
+    ctx = Context(quiet=True)
+    with FakeOpenAI(("status", 404, {"detail": "Model `served` not found"})) as server:
+        with pytest.raises(EngineError, match="refused every request.*HTTP 404.*Model `served` not found"):
+            rollout.run(questions(2), cfg(server, tiny_model, group_size=1), ctx)
+        assert len(server.requests) == 2  # each refusal read once: nothing to retry, nothing to learn
+    # once the server has answered, a refusal is one request's problem again
+    ok = vllm_like(tok)
+    replies = iter([None, 400, 400, 400])
+    with FakeOpenAI(lambda body, path: next(replies, None) or ok(body, path)) as server:
+        engine = OpenAIEngine("openai:x", server.base_url + "/completions", "served", tok, concurrency=1)
+        ids = tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+        assert engine.generate([GenRequest(ids, 64)])[0].stop == "eos"
+        assert [r.stop for r in engine.generate([GenRequest(ids, 64)] * 2)] == ["error", "error"]
+
+
+def test_a_text_prompt_leaves_out_the_bos_the_server_adds():
+    from atomcli.engines.openai import _added_prefix
+
+    class BosTok:  # a tokenizer that, like Llama's, starts what it tokenizes with BOS (id 1)
+        eos_token_id = 2
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": ([1] if add_special_tokens else []) + [ord(ch) for ch in text]}
+
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join("<s>" if i == 1 else chr(i) for i in ids)
+    tok = BosTok()
+    assert _added_prefix(tok) == [1]
+    engine = OpenAIEngine("openai:x", "http://127.0.0.1:9/completions", "m", tok, prompt_ids=False)
+    assert engine.body(GenRequest([1, ord("h"), ord("i")], 4))["prompt"] == "hi"
+    assert engine.body(GenRequest([ord("h"), ord("i")], 4))["prompt"] == "hi"

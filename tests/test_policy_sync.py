@@ -209,6 +209,41 @@ print(os.environ.get("SERVED_LINE", ""))
 '''
 
 
+def test_transformers_serve_loads_each_checkpoint_by_its_path(tmp_path, tiny_model, tok):
+    a, b = make_ckpt(tmp_path, "s1", step=1), make_ckpt(tmp_path, "s2", step=2)
+    ctx = Context(quiet=True)
+    with FakeOpenAI(model_name=str(tiny_model), strict_models=True) as server:
+        server.responder = answering(server, tok)
+        follow = policy_sync.Follower(spec(server), "transformers-serve", ctx)
+        base_cfg = rollout.RolloutConfig(search="fakesearch", group_size=1, max_turns=1, max_new_tokens=16,
+                                         date="2026-01-01", tokenizer=str(tiny_model))
+        for ckpt in (a, b):
+            cfg = follow.rollout_config(dataclasses.replace(base_cfg, model=ckpt))
+            assert cfg.model == f"openai:{server.base_url}#{ckpt}"  # the request names the checkpoint itself
+            rows = rollout.run(questions(1), cfg, ctx).to_pylist()
+            assert {r["policy_version"] for r in rows} == {policy_sync.policy_version(ckpt)}
+            assert {r["answer"] for r in rows} == {tag(ckpt)}  # answered by that checkpoint's weights
+        assert [body["model"] for _, body in server.updates] == [a, b]
+        method = follow.method
+        served = follow.current[1]
+        assert method.check(served) is None
+        # the files at the path changed after the load: the server may hold the older weights
+        Path(b, "model.safetensors").write_bytes(b"changed")
+        assert "may hold older weights" in method.check(served)
+        # a folder the server cannot load: its error event, in one line with a hint
+        (tmp_path / "empty").mkdir()
+        with pytest.raises(policy_sync.PolicySyncError, match="did not end ready: Unrecognized model.*hint"):
+            method.sync(str(tmp_path / "empty"), "v")
+        with pytest.raises(InputError, match="serves checkpoint folders"):
+            method.sync(str(tmp_path / "nowhere"), "v")
+        # a rollout expecting a checkpoint the server has not loaded is refused before sampling
+        c = make_ckpt(tmp_path, "s3", step=3)
+        with pytest.raises(InputError, match="stale policy server.*has not loaded"):
+            rollout.run(questions(1), dataclasses.replace(cfg, model=f"openai:{server.base_url}#{c}",
+                                                          policy_sync="transformers-serve",
+                                                          policy_version=policy_sync.policy_version(c)), ctx)
+
+
 def test_command_gets_the_checkpoint_and_fails_cleanly(tmp_path, monkeypatch):
     a = make_ckpt(tmp_path, "a")
     script, log = tmp_path / "sync.py", tmp_path / "calls.json"

@@ -16,11 +16,27 @@ only returns text is handled by re-tokenizing the text locally: the provenance t
 vLLM reports log-probs of the raw model distribution (before temperature/top-p), the same
 definition the in-process engine records.
 
+Servers that refuse what they do not know: the first request carries vLLM's extension fields.
+`transformers serve` answers HTTP 422 "Unexpected fields in the request: {...}" (its request
+validation) and 400 "prompt must be a string." (it takes no token-id prompt); the engine then
+drops the fields it named, sends the context as text, and retries the request, once per thing
+learned, and remembers it for the rest of the run. A server that refused that way is
+`transformers serve`: it returns neither token ids nor log-probs (the `retokenized` route,
+NaN old log-probs), and its sampling starts from the *model's* generation config, in which
+`do_sample` is usually unset, so a temperature-1 request would be decoded greedily: the engine
+sends `generation_config: {"do_sample": true, "top_k": 0}` to sample as the in-process engine
+does. On the text route the ids are cut at the first token whose text completes a stop string
+(the in-process engine's rule), since a server may run past a stop (transformers' continuous
+batching ignores `stop`). A text prompt drops a leading BOS that the server's tokenizer adds
+itself (a server tokenizes a text prompt with its special tokens).
+
 Faults: timeouts, connection errors, HTTP 429 and 5xx are retried (`retries` attempts in all,
 exponential backoff with jitter, Retry-After honoured); when they persist the run stops with a
 clear error (the policy server is down: completed groups are kept for `--resume`). Any other
 HTTP error concerns one request (e.g. a prompt longer than the server's context) and ends
-that trajectory with `finish_reason = error`. The API key, if any, is read from
+that trajectory with `finish_reason = error`, unless the server has refused every request so
+far: a whole batch refused before any request succeeded stops the run with the server's
+answer (`EngineError`), as a server that is down does. The API key, if any, is read from
 OPENAI_API_KEY and never logged or stored.
 """
 
@@ -28,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +57,14 @@ NAN = float("nan")
 # A completion of thousands of tokens with their log-probs is a few MB; a server sending far
 # more is broken or hostile, and reading it whole would hold it all in memory.
 MAX_RESPONSE_BYTES = 64 << 20
+# vLLM/SGLang extensions: exact ids back, stop strings kept, special tokens spelled out
+VLLM_FIELDS = {"return_tokens_as_token_ids": True, "include_stop_str_in_output": True,
+               "skip_special_tokens": False, "spaces_between_special_tokens": False}
+# `transformers serve`'s answers to what it does not take (transformers/cli/serving/utils.py
+# `BaseHandler._validate_request`, completion.py `CompletionHandler.handle_request`)
+UNEXPECTED_FIELDS = "Unexpected fields in the request"
+TEXT_PROMPT_ONLY = "prompt must be a string"
+TRANSFORMERS_KIND = "transformers"
 
 
 class EngineError(RuntimeError):
@@ -48,6 +73,13 @@ class EngineError(RuntimeError):
 
 class RequestError(Exception):
     """A permanent failure of one request (its trajectory ends with `error`)."""
+
+
+def refused_fields(message: str) -> set[str]:
+    """The field names of a `transformers serve` 422 ("Unexpected fields in the request: {'a', 'b'}")."""
+    if UNEXPECTED_FIELDS not in message:
+        return set()
+    return set(re.findall(r"'([A-Za-z_][A-Za-z0-9_]*)'", message.split(UNEXPECTED_FIELDS, 1)[1]))
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -99,10 +131,17 @@ class OpenAIEngine:
         self._lock = threading.Lock()
         self.retokenized = 0
         self.generated_tokens = 0
+        self.answered = 0  # requests the server answered with a completion
+        self.dropped: set[str] = set()  # body fields the server refused, learned from its answers
+        self.server_kind = ""  # "transformers" once the server has answered as `transformers serve`
+        self._bos = _added_prefix(tok)
 
     def provenance(self) -> dict:
-        return {"engine": self.kind, "server": self.url, "prompt": "ids" if self.prompt_ids else "text",
-                "tokens": "retokenized" if self.retokenized else "exact"}
+        out = {"engine": self.kind, "server": self.url, "prompt": "ids" if self.prompt_ids else "text",
+               "tokens": "retokenized" if self.retokenized else "exact"}
+        if self.server_kind:
+            out["server_kind"] = self.server_kind
+        return out
 
     def release(self, key: str) -> None:
         """Nothing to free here: prefix caching is the server's business (vLLM does it)."""
@@ -111,7 +150,14 @@ class OpenAIEngine:
         if not requests:
             return []
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
-            return list(pool.map(self._one, requests))
+            results = list(pool.map(self._one, requests))
+        if not self.answered and all(r.stop == "error" for r in results if r is not None):
+            # not one trajectory's problem: the server refuses everything (a wrong model name, an API it
+            # does not speak); writing error rows and exiting 0 would hide it
+            first = next(r.error for r in results if r.error)
+            raise EngineError(self._redact(f"policy server {self.url} refused every request ({len(results)}), "
+                                           f"none answered; its answer: {first}"))
+        return results
 
     def complete(self, prompts: list[str], max_new_tokens: int = 256) -> list[str]:
         """Greedy replies to single-user-message prompts (the browse reader's interface)."""
@@ -126,34 +172,58 @@ class OpenAIEngine:
     # --- one request ------------------------------------------------------------------------
 
     def body(self, req: GenRequest) -> dict:
-        prompt = list(req.ids) if self.prompt_ids else self.tokenizer.decode(req.ids, skip_special_tokens=False)
+        if self.prompt_ids:
+            prompt = list(req.ids)
+        else:  # the server tokenizes text with its special tokens: a BOS it adds itself is not sent twice
+            ids = req.ids[len(self._bos):] if self._bos and req.ids[:len(self._bos)] == self._bos else req.ids
+            prompt = self.tokenizer.decode(ids, skip_special_tokens=False)
         body = {"model": self.model, "prompt": prompt,
                 "max_tokens": int(req.max_new_tokens), "temperature": float(req.temperature),
                 "top_p": float(req.top_p), "seed": int(req.seed) % (2**31 - 1), "n": 1, "stream": False,
-                "logprobs": 1,
-                # vLLM/SGLang extensions; servers that do not know them ignore them
-                "return_tokens_as_token_ids": True, "include_stop_str_in_output": True,
-                "skip_special_tokens": False, "spaces_between_special_tokens": False}
+                "logprobs": 1, **VLLM_FIELDS}
+        if self.server_kind == TRANSFORMERS_KIND:
+            # its sampling starts from the model's generation config (do_sample often unset: greedy, and
+            # a top_k of its own); this samples from the plain distribution, as the in-process engine does
+            body["generation_config"] = json.dumps({"do_sample": float(req.temperature) > 0, "top_k": 0})
         if req.stops:
             body["stop"] = list(req.stops)
-        return body
+        return {k: v for k, v in body.items() if k not in self.dropped}
 
     def _one(self, req: GenRequest) -> GenResult:
         if req.max_new_tokens <= 0:
             return GenResult(stop="length")
-        data = json.dumps(self.body(req)).encode()
-        try:
-            obj = self.policy.call(self._post, data)
-            res = self.parse(obj, req)
-        except retry.ToolFault as e:
-            raise EngineError(self._redact(f"policy server {self.url} failed after {self.policy.attempts} "
-                                           f"attempts: {e}")) from None
-        except RequestError as e:
-            return GenResult(stop="error", error=self._redact(str(e)))
+        while True:
+            body = self.body(req)
+            try:
+                obj = self.policy.call(self._post, json.dumps(body).encode())
+                res = self.parse(obj, req)
+                break
+            except retry.ToolFault as e:
+                raise EngineError(self._redact(f"policy server {self.url} failed after {self.policy.attempts} "
+                                               f"attempts: {e}")) from None
+            except RequestError as e:
+                if not self._learn(str(e), body):
+                    return GenResult(stop="error", error=self._redact(str(e)))
         with self._lock:
+            self.answered += 1
             self.generated_tokens += len(res.ids)
             self.retokenized += 0 if res.exact else 1
         return res
+
+    def _learn(self, message: str, sent: dict) -> bool:
+        """Adapt to a server's refusal of extension fields or of a token-id prompt. True when the request
+        is worth sending again: the refused thing was in `sent` and is gone now (so each request is retried
+        at most a few times: every retry sends strictly less)."""
+        with self._lock:
+            fields = refused_fields(message) - {"model", "prompt"}  # the request itself is never dropped
+            if fields:
+                self.server_kind = TRANSFORMERS_KIND
+                self.dropped |= fields
+                return bool(fields & sent.keys())
+            if TEXT_PROMPT_ONLY in message and isinstance(sent.get("prompt"), list):
+                self.prompt_ids = False
+                return True
+            return False
 
     def parse(self, obj, req: GenRequest) -> GenResult:
         """A `text_completion` response -> the sampled ids, their log-probs and why it stopped."""
@@ -170,12 +240,15 @@ class OpenAIEngine:
             ids = [int(t[len("token_id:"):]) for t in tokens]
         else:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        cut = None if exact else cut_at_stop(self.tokenizer, ids, req.stops)
+        if cut is not None:  # the server ran past a stop string (it ignores `stop`, or merged tokens)
+            ids, values = cut, None
         if isinstance(values, list) and len(values) == len(ids):
             logprobs = [float(v) if isinstance(v, (int, float)) else NAN for v in values]
         else:
             logprobs = [NAN] * len(ids)
         res = GenResult(ids, logprobs, exact=exact)
-        finish = choice.get("finish_reason")
+        finish = "stop" if cut is not None else choice.get("finish_reason")
         if finish == "length":
             res.stop = "length"
         elif ids and ids[-1] in self.eos:
@@ -206,3 +279,30 @@ class OpenAIEngine:
 
     def _redact(self, text: str) -> str:
         return openai_http.redact(text, self._key)
+
+
+def _added_prefix(tok) -> list[int]:
+    """The ids a tokenizer puts before any text it tokenizes with its special tokens (a BOS), or []."""
+    try:
+        plain = tok("a", add_special_tokens=False)["input_ids"]
+        full = tok("a", add_special_tokens=True)["input_ids"]
+    except Exception:  # a tokenizer that cannot say: send the text as it is
+        return []
+    return list(full[:len(full) - len(plain)]) if full[len(full) - len(plain):] == plain else []
+
+
+def cut_at_stop(tok, ids: list[int], stops) -> list[int] | None:
+    """`ids` up to the first token whose text completes a stop string (the in-process engine's rule), or None
+    when no stop string is complete before the last token."""
+    stops = [s for s in stops if s]
+
+    def done(k: int) -> bool:
+        text = tok.decode(ids[:k], skip_special_tokens=False)
+        return any(s in text for s in stops)
+    if not stops or len(ids) < 2 or not done(len(ids) - 1):
+        return None
+    lo, hi = 1, len(ids) - 1  # `done` is monotone in k: the first k where it holds, by bisection
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if done(mid) else (mid + 1, hi)
+    return ids[:lo]

@@ -43,6 +43,13 @@ named source, not guessed):
   vLLM's *weight-transfer* API (`/init_weight_transfer_engine`, `/update_weights`, NCCL or CUDA-IPC
   backends; docs.vllm.ai/en/latest/training/weight_transfer/) moves tensors from a live trainer
   process, not a checkpoint path, so it is not a method here.
+- `transformers-serve`: `transformers serve` (the CPU way; `pip install "atomcli[serve]"`) loads a model
+  per local path, so each checkpoint is served under its own path: `POST /load_model {"model": PATH}`
+  (an event stream ending in `{"status": "ready"}` or `{"status": "error", "message"}`), and
+  rollouts ask for PATH. The check: `GET /v1/models` lists PATH (local models are listed while loaded)
+  and the files at PATH still hash to the version (the server keeps a loaded model in memory, so files
+  rewritten in place would not be what it serves). Old checkpoints unload after the server's
+  `--model-timeout` idle seconds. Source: transformers/cli/serving/server.py and model_manager.py.
 - `command:CMD`: runs the user's command with the checkpoint path and the version as its last two
   arguments (and `ATOM_POLICY_CHECKPOINT`, `ATOM_POLICY_VERSION`, `ATOM_POLICY_SERVER`,
   `ATOM_POLICY_MODEL` in its environment); a nonzero exit is retried (atomcli.retry), then a one-line
@@ -63,6 +70,7 @@ The command inherits the environment, so it reads the key there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -77,7 +85,7 @@ from typing import Protocol
 from atomcli import openai_http, retry
 from atomcli.errors import InputError, unknown_choice
 
-METHODS = ("lora-vllm", "sglang-disk", "vllm-reload")
+METHODS = ("lora-vllm", "sglang-disk", "vllm-reload", "transformers-serve")
 COMMAND_PREFIX = "command:"
 SERVED_MODEL_LINE = "served_model="
 ADAPTER_PREFIX = "policy-"
@@ -388,6 +396,46 @@ class VLLMReload:
         return None if str(have) == served.version else f"weight_version `{have}`, not `{served.version}`"
 
 
+class TransformersServe:
+    """`transformers serve`: each checkpoint loaded and asked for by its own path."""
+    name = "transformers-serve"
+    HINT = "run `transformers serve` where the checkpoint folder is readable at the same path"
+
+    def __init__(self, server: Server, context=None):
+        self.server, self.context = server, context
+
+    def sync(self, checkpoint: str, version: str) -> Served:
+        path = _path_for_server(checkpoint)
+        if not Path(path).is_dir():
+            raise InputError(f"policy sync `{self.name}` serves checkpoint folders; `{checkpoint}` is not one",
+                             hint="start from a local model folder: openai:BASE_URL#/path/to/model")
+        try:
+            raw = self.server.post(self.server.root + "/load_model", {"model": path})
+        except _Refused as e:
+            raise _fail(self.name, f"load_model {path}", e, self.HINT) from None
+        last = {}  # the last server-sent event, `data: {"status": ...}`
+        for line in raw.decode(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                last = json.loads(line[5:]) if line.startswith("data:") else last
+        last = last if isinstance(last, dict) else {}
+        if last.get("status") != "ready":
+            raise PolicySyncError(f"policy sync `{self.name}`: load_model {path} did not end ready: "
+                                  f"{str(last.get('message') or raw[-300:])[:300]} (hint: {self.HINT})")
+        served = Served(path, version)
+        problem = self.check(served)
+        if problem:
+            raise PolicySyncError(f"policy sync `{self.name}`: after loading, the server {problem}")
+        return served
+
+    def check(self, served: Served) -> str | None:
+        now = policy_version(served.model)
+        if now != served.version:
+            return f"may hold older weights: the files at `{served.model}` are now version {now}"
+        names = self.server.models()
+        return None if served.model in names else \
+            f"has not loaded `{served.model}` ({', '.join(names[:4]) or 'no local model loaded'})"
+
+
 class Command:
     """The user's own command; its exit code (and an optional served_model= line) is the evidence."""
     name = "command"
@@ -455,7 +503,8 @@ def make(spec: str, model_spec: str, context=None, state_dir: Path | None = None
         return Command(spec, server, context)
     if spec == "lora-vllm":
         return LoraVLLM(server, context, ledger=state_dir / LEDGER if state_dir is not None else None)
-    return {"sglang-disk": SGLangDisk, "vllm-reload": VLLMReload}[spec](server, context)
+    return {"sglang-disk": SGLangDisk, "vllm-reload": VLLMReload,
+            "transformers-serve": TransformersServe}[spec](server, context)
 
 
 # --- the rollout's check ---------------------------------------------------------------------------
@@ -517,8 +566,8 @@ class Follower:
         if not sync:
             raise InputError("a served policy (openai:) needs [run-all] policy_sync: a server that never "
                              "receives the new weights would sample the starting policy at every step",
-                             hint="policy_sync = lora-vllm, sglang-disk, vllm-reload or command:CMD "
-                                  "(see atomcli/engines/policy_sync.py)")
+                             hint="policy_sync = lora-vllm, sglang-disk, vllm-reload, transformers-serve or "
+                                  "command:CMD (see atomcli/engines/policy_sync.py)")
         check_spec(sync)
         if sync == "lora-vllm" and not lora:
             raise InputError("policy_sync lora-vllm loads LoRA adapters: the trainer must write them",
