@@ -187,6 +187,8 @@ def write_table(table: pa.Table, path: str, fmt: str | None = None) -> None:
     fmt = out_format(path, fmt)
     if path == "-":
         data = table_bytes(table, fmt)
+        if fmt == "jsonl":  # a terminal may be reading: C1 controls and bidi marks as \u escapes, the same JSON
+            data = safety.visible_json(data.decode("utf-8")).encode("utf-8")
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
     elif fmt == "parquet":

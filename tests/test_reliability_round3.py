@@ -168,6 +168,30 @@ def test_a_folder_output_through_a_symlink_replaces_the_folder_not_the_link(tmp_
     assert (tmp_path / "file").read_text() == "x"
 
 
+def test_a_rollout_to_a_device_keeps_no_partial_folder_and_refuses_resume(tmp_path):
+    from test_hardening_round2 import QUESTIONS, _questions, _roll
+    link = tmp_path / "null.parquet"
+    link.symlink_to("/dev/null")
+    _roll(_questions(QUESTIONS), link, resume=False)
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["null.parquet"]
+    with pytest.raises(InputError, match="--resume needs --out to be a file"):
+        _roll(_questions(QUESTIONS), link, resume=True)
+
+
+def test_an_index_through_a_symlink_replaces_the_target_and_a_device_is_refused(tmp_path):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"id": "d1", "title": "T", "contents": "The river flows."}])
+    real = tmp_path / "indexes" / "v1.sqlite"
+    real.parent.mkdir()
+    link = tmp_path / "idx.sqlite"
+    link.symlink_to(real)
+    assert cli("index", corpus, "--out", link)[0] == 0
+    assert link.is_symlink() and safety.is_index_file(real)
+    null = tmp_path / "null.sqlite"
+    null.symlink_to("/dev/null")
+    code, _, err = cli("index", corpus, "--out", null)
+    assert code == 2 and "must be a regular file" in err and null.is_symlink()
+
+
 # --- 3. keys inside a policy-sync command ---------------------------------------------------------
 
 @pytest.mark.parametrize("spec", [
@@ -230,6 +254,16 @@ def test_show_html_to_stdout_carries_no_raw_control_characters(tmp_path):
     html_file = tmp_path / "p.html"
     assert cli("show", table, "--html", html_file)[0] == 0
     assert not any(c in html_file.read_text() for c in RAW)
+
+
+def test_jsonl_on_stdout_writes_c1_controls_and_bidi_marks_as_json_escapes(tmp_path):
+    rows = scored_rows(2)
+    rows[0]["question"] = "Where " + ESCAPES
+    table = write_jsonl(tmp_path / "t.jsonl", rows)
+    code, out, err = cli("aggregate-reward", table, "--out", "-", "--format", "jsonl")
+    assert code == 0, err
+    assert not any(c in out for c in RAW)
+    assert json.loads(out.splitlines()[0])["question"] == "Where " + ESCAPES  # the same data
 
 
 def test_the_context_console_shows_control_characters_in_tables_and_text():

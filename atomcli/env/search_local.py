@@ -113,7 +113,7 @@ def build_index(corpus_path: str, out: str, *, engine: str = "fts5", impacts: bo
     name = "<stdin>" if corpus_path == "-" else corpus_path
     log = context.log if context is not None else (lambda m: None)
     t0 = time.perf_counter()
-    dest = Path(out)
+    dest = safety.output_target(out, stream=False).path  # a symlink's target is replaced, never the link
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     os.close(fd)

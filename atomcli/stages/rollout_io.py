@@ -161,7 +161,7 @@ def run_to_file(mod, table: pa.Table, cfg, ctx, *, out: str, fmt: str | None, re
     from atomcli.schema import missing_golden
     if "golden_answers" in table.column_names:
         missing_golden(table, ctx, "rollout", "their trajectories will get reward 0")
-    if out == "-":
+    if out == "-" or safety.output_target(out).how == safety.THROUGH:  # stdout, a device, a FIFO: no partial folder
         if resume:
             raise InputError("--resume needs --out to be a file", hint="write to a file, not stdout")
         result = mod.run(table, cfg, ctx)
