@@ -86,3 +86,54 @@ def test_cli_eval_compare_with_a_table_and_with_a_report(tmp_path):
         assert b"paired bootstrap" in proc.stderr and "Against" in (tmp_path / "new.md").read_text()
     bad = atom("eval", new, "--out", tmp_path / "x.json", "--compare", tmp_path / "missing.json")
     assert bad.returncode == 2 and not (tmp_path / "x.json").exists()
+
+
+def _pq(source="s", question="qa", golds="ga", f1=1.0, em=1.0):
+    return {"source": source, "question_digest": question, "golds_digest": golds, "f1": f1, "em": em}
+
+
+def test_same_ids_that_name_other_questions_are_never_paired():
+    new = {f"test_{i}": _pq(question=f"mine {i}") for i in range(4)}
+    other = {f"test_{i}": _pq(question=f"theirs {i}", f1=0.0, em=0.0) for i in range(4)}
+    with pytest.raises(InputError, match=r"none is the same question \(id `test_0`: the question text differs"):
+        compare.compare_reports(_report(new), _report(other), baseline_name="other.json", n_boot=50)
+    # a baseline that records no question text (an older report): the data_source still tells them apart
+    old = {f"test_{i}": {"source": "nq", "f1": 0.0, "em": 0.0} for i in range(4)}
+    with pytest.raises(InputError, match="data_source differs"):
+        compare.compare_reports(_report(new), _report(old), n_boot=50)
+    # one edited question among three: left out and counted, the rest paired
+    base = {"a": _pq(f1=0.0), "b": _pq(question="qb", f1=0.0), "c": _pq(question="qc", golds="other", f1=0.0)}
+    mine = {"a": _pq(), "b": _pq(question="qb"), "c": _pq(question="qc")}
+    c = compare.compare_reports(_report(mine), _report(base), n_boot=50)
+    assert c["n_shared"] == 2 and c["mismatched"] == 1 and c["mismatched_ids"] == ["c"]
+    assert c["paired_on"] == ["id", "question text", "golden answers", "data_source"]
+    assert c["overall"]["f1"]["diff"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("value, shown", [(None, "null"), ("0.5", "'0.5'"), (True, "True"), ([1], "[1]")])
+def test_a_bad_score_in_a_baseline_names_the_file_and_question(value, shown):
+    base = {"a": _pq(), "b": _pq(f1=value)}
+    with pytest.raises(InputError) as e:
+        compare.compare_reports(_report({"a": _pq(), "b": _pq()}), _report(base), baseline_name="base.json")
+    assert e.value.one_line().startswith("base.json") and f"question `b` has `f1` {shown}, not a number" in str(e.value)
+
+
+def test_cli_compare_refuses_another_benchmark_and_bad_values_with_one_line(tmp_path):
+    golds = [f"answer {i}" for i in range(4)]
+    mine = _answered(tmp_path / "mine.jsonl", [(g, g) for g in golds])
+    # another benchmark whose ids happen to match: other questions, other golds, another data_source
+    rows = [{"id": f"q{i}", "question": f"other {i}?", "golden_answers": ["zzz"], "data_source": "other",
+             "answer": "no"} for i in range(4)]
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = atom("eval", mine, "--out", tmp_path / "r.json", "--compare", other)
+    assert proc.returncode == 2 and b"none is the same question" in proc.stderr, proc.stderr
+    assert len(proc.stderr.decode().strip().splitlines()) == 1 and not (tmp_path / "r.json").exists()
+    atom("eval", mine, "--out", tmp_path / "base.json", check=True)
+    report = json.loads((tmp_path / "base.json").read_text())
+    report["per_question"]["q2"]["f1"] = None
+    (tmp_path / "base.json").write_text(json.dumps(report))
+    proc = atom("eval", mine, "--out", tmp_path / "r.json", "--compare", tmp_path / "base.json")
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "base.json" in err and "question `q2` has `f1` null" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and not (tmp_path / "r.json").exists()

@@ -384,3 +384,131 @@ def test_two_evals_on_different_days_give_the_same_report(tmp_path, tiny_model, 
     assert reports[0] == reports[1] and reports[0]["rollout"]["date"] == evaluate.FIXED_DATE
     # the control: with the date left to the clock, the prompt (and so the rollout) would differ by day
     assert agent_format.system_prompt("") != agent_format.system_prompt("2026-01-01")
+
+
+# --- data text printed to a terminal ------------------------------------------------------------------
+
+HOSTILE = "nq\x1b]52;c;ZWNobyBoaQ==\x07\x1b[2J\u202e[red]x[/red]"
+
+
+def test_a_hostile_data_source_reaches_no_terminal_raw(tmp_path):
+    rows = rollout_rows()
+    for r in rows:
+        r["data_source"] = HOSTILE
+    src = _write_jsonl(tmp_path / "r.jsonl", rows)
+    proc = atom("eval", src, "--out", tmp_path / "r.json", "--markdown", "-", check=True, env={"COLUMNS": "300"})
+    for stream in (proc.stdout, proc.stderr):
+        assert b"\x1b" not in stream and b"\x07" not in stream and "\u202e".encode() not in stream
+    assert b"\\x1b]52" in proc.stdout and b"\\x1b]52" in proc.stderr  # shown as escapes, not dropped
+    assert b"[red]x[/red]" in proc.stderr  # data is never rich markup
+    # the JSON report keeps the data as it is
+    assert HOSTILE in json.loads((tmp_path / "r.json").read_text())["by_source"]
+
+
+# --- the history: what each line records, a settings change, the series, the lock --------------------
+
+def _eval(src, tmp_path, *args, name="r.json"):
+    return atom("eval", src, "--out", tmp_path / name, "--history", tmp_path / "h.jsonl", *args)
+
+
+def test_history_lines_record_checkpoint_version_settings_and_say_when_settings_change(tmp_path):
+    from atomcli import __version__
+    from atomcli.stages import eval_history
+    src = _write_jsonl(tmp_path / "r.jsonl", rollout_rows())
+    first = _eval(src, tmp_path)
+    same = _eval(src, tmp_path)
+    other = _eval(src, tmp_path, "--f1", "set", "--markdown", tmp_path / "r.md")
+    assert first.returncode == same.returncode == other.returncode == 0, other.stderr
+    lines = eval_history.read(tmp_path / "h.jsonl")
+    assert [x["version"] for x in lines] == [__version__] * 3 and lines[0]["checkpoint"] == "tiny"
+    assert lines[0]["settings_digest"] == lines[1]["settings_digest"] != lines[2]["settings_digest"]
+    assert set(lines[0]["per_question"]) == {"q1", "q2", "q3", "q4"} and lines[0]["settings"]["f1_variant"] == "squad"
+    assert b"settings differ" not in same.stderr and b"settings differ" in other.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["history"]["settings_changed"] == ['f1_variant: "squad" -> "set"']
+    assert "settings differ from the previous line" in (tmp_path / "r.md").read_text()
+
+
+def test_rolled_out_settings_that_move_the_number_are_in_the_digest():
+    from atomcli.stages import eval_history
+    report = evaluate.score_table(table_of(rollout_rows()))
+    report.update(kind="questions", config={"judge": ""}, rollout={"model": "a", "k": 3, "max_turns": 4,
+                                                                   "concurrency": 8})
+    base = eval_history.record(report)
+    moved = eval_history.record({**report, "rollout": {**report["rollout"], "k": 10}})
+    paced = eval_history.record({**report, "model": "b", "rollout": {**report["rollout"], "model": "b",
+                                                                     "concurrency": 2}})
+    assert eval_history.changes(base, moved) == ["[rollout] k: 3 -> 10"]
+    assert eval_history.changes(base, paced) == [] and paced["checkpoint"] == "b"
+    # other questions under the same ids are another measurement
+    rows = rollout_rows()
+    rows[0]["question"] = "another question?"
+    edited = eval_history.record({**report, **evaluate.score_table(table_of(rows))})
+    assert [c.split(":")[0] for c in eval_history.changes(base, edited)] == ["questions"]
+
+
+def test_history_series_table_plot_and_paired_intervals(tmp_path):
+    from atomcli.stages import eval_history
+    rows = rollout_rows()
+    src = _write_jsonl(tmp_path / "a.jsonl", rows)
+    better = [dict(r, answer=r["golden_answers"][0]) for r in rows]
+    src2 = _write_jsonl(tmp_path / "b.jsonl", better)
+    for s, extra in ((src, ()), (src2, ()), (src2, ("--f1", "set")), (src, ("--f1", "set"))):
+        assert _eval(s, tmp_path, *extra).returncode == 0
+    proc = atom("eval", "--history", tmp_path / "h.jsonl", "--plot", tmp_path / "h.png", "--out", tmp_path / "s.json",
+                "--markdown", tmp_path / "s.md", check=True)
+    points = json.loads((tmp_path / "s.json").read_text())["points"]
+    assert [p["vs_line"] for p in points] == [None, 1, None, 3]  # a settings change starts a new curve
+    assert points[1]["delta_f1"]["diff"] == pytest.approx(1 - 0.675) and points[1]["paired"] == 4
+    assert points[1]["delta_f1"]["low"] <= points[1]["delta_f1"]["diff"] <= points[1]["delta_f1"]["high"]
+    assert points[2]["settings_changed"] and not points[3]["settings_changed"]
+    assert points[3]["delta_f1"]["diff"] < 0
+    assert (tmp_path / "h.png").read_bytes()[:4] == b"\x89PNG" and b"CHANGED" in proc.stderr
+    assert "**CHANGED: f1_variant**" in (tmp_path / "s.md").read_text()
+    previous = eval_history.series(eval_history.read(tmp_path / "h.jsonl"), "previous")
+    assert [p["vs_line"] for p in previous] == [None, 1, None, 3]
+    # without --history or input there is nothing to do: one line, exit 2
+    proc = atom("eval", "--out", tmp_path / "x.json")
+    assert proc.returncode == 2 and b"nothing to evaluate" in proc.stderr
+
+
+def test_old_history_lines_without_settings_are_shown_not_joined(tmp_path):
+    from atomcli.stages import eval_history
+    old = {"time": "2026-01-01T00:00:00+00:00", "model": "m", "n": 4, "overall": {"f1": 0.5, "em": 0.25}}
+    hist = tmp_path / "h.jsonl"
+    hist.write_text(json.dumps(old) + "\n")
+    src = _write_jsonl(tmp_path / "r.jsonl", rollout_rows())
+    proc = _eval(src, tmp_path)
+    assert proc.returncode == 0 and b"settings differ" in proc.stderr
+    points = eval_history.series(eval_history.read(hist))
+    assert points[1]["settings_changed"] == [eval_history.NOT_RECORDED] and points[1]["delta_f1"] is None
+    hist.write_text(hist.read_text() + "not json\n")
+    proc = atom("eval", "--history", hist)
+    assert proc.returncode == 2 and b"line 3 is not JSON" in proc.stderr
+
+
+def test_an_overlapping_eval_waits_for_the_lock_then_refuses_with_one_line(tmp_path):
+    from atomcli.stages import eval_history
+    src = _write_jsonl(tmp_path / "r.jsonl", rollout_rows())
+    hist = tmp_path / "h.jsonl"
+    with eval_history.locked(hist, 0):  # another eval is still running
+        proc = _eval(src, tmp_path, "--wait", "0", "--markdown", tmp_path / "r.md")
+        err = proc.stderr.decode()
+        assert proc.returncode == 2 and "another `atom eval` (pid" in err and "still writing" in err, err
+        assert len(err.strip().splitlines()) == 1
+        assert not hist.exists() and not (tmp_path / "r.json").exists() and not (tmp_path / "r.md").exists()
+    # the holder lets go only once the second eval has said that it waits: then its line comes after the holder's
+    import subprocess
+    import sys
+    with eval_history.locked(hist, 0):
+        proc = subprocess.Popen([sys.executable, "-m", "atomcli", "eval", src, "--out", tmp_path / "r.json",
+                                 "--history", hist, "--wait", "120"], stderr=subprocess.PIPE)
+        said = b""
+        while b"waiting" not in said and proc.poll() is None:
+            said += proc.stderr.read1(4096)
+        eval_history.append(hist, {"overall": {}, "time": "first"})
+    _, rest = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and b"waiting" in said, said + rest
+    lines = eval_history.read(hist)
+    assert [x["time"] for x in lines][0] == "first" and len(lines) == 2
+    assert json.loads((tmp_path / "r.json").read_text())["history"]["previous"]["time"] == "first"

@@ -24,8 +24,9 @@ import json
 from pathlib import Path
 
 from atomcli.errors import InputError
+from atomcli.stages.run_all import layout
 
-QUESTIONS = Path("eval") / "questions.parquet"  # run_all writes the test questions of its evals here
+QUESTIONS = Path(layout.EVAL) / "questions.parquet"  # run-all writes the test questions of its evals here
 
 
 def read_settings(run: str) -> dict:
@@ -37,7 +38,7 @@ def read_settings(run: str) -> dict:
     if not safety.is_run_folder(folder):
         raise InputError("not a run folder made by `atom run-all` (no atom_run.json)", file=run,
                          hint="give the --out folder of `atom run-all`")
-    path = folder / "config.json"
+    path = folder / layout.CONFIG
     try:
         settings = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -72,16 +73,18 @@ def _locate_spec(spec: str, run: str) -> str:
 def newest_checkpoint(run: str, settings: dict) -> tuple[str, str]:
     """(checkpoint, eval point name) of the run's newest saved checkpoint (the module docstring's order)."""
     folder = Path(run)
-    steps = sorted(p.parent for p in folder.glob("steps/[0-9][0-9][0-9][0-9]/ckpt/config.json"))
+    # a checkpoint folder is complete once its config.json is there (checkpoint.save renames it into place)
+    steps = sorted(p.parent for p in folder.glob(f"{layout.STEPS}/[0-9][0-9][0-9][0-9]/ckpt/config.json"))
     if steps:
         return str(steps[-1]), f"step-{steps[-1].parent.name}"
-    if (folder / "rft" / "soup" / "ckpt" / "config.json").is_file():
-        return str(folder / "rft" / "soup" / "ckpt"), "rft-soup"
-    rounds = sorted(p.parent for p in folder.glob("rft/[0-9][0-9]/ckpt/config.json"))
+    soup = folder / layout.RFT_ROOT / layout.SOUP / "ckpt"
+    if (soup / "config.json").is_file():
+        return str(soup), layout.SOUP_POINT
+    rounds = sorted(p.parent for p in folder.glob(f"{layout.RFT_ROOT}/[0-9][0-9]/ckpt/config.json"))
     if rounds:
         return str(rounds[-1]), f"rft-{rounds[-1].parent.name}"
-    if (folder / "sft" / "config.json").is_file():
-        return str(folder / "sft"), "sft"
+    if (folder / layout.SFT / "config.json").is_file():
+        return str(folder / layout.SFT), layout.SFT
     from atomcli.engines import policy_sync
     from atomcli.stages.run_all import RunAllConfig
     model = policy_sync.trainer_model(settings["run-all"].get("model", RunAllConfig.model))
@@ -93,7 +96,7 @@ def sections(run: str) -> dict:
     settings = read_settings(run)
     ra = settings["run-all"]
     if not ra.get("search"):
-        raise InputError("the run records no search SPEC ([run-all] search)", file=str(Path(run) / "config.json"),
+        raise InputError("the run records no search SPEC ([run-all] search)", file=str(Path(run) / layout.CONFIG),
                          hint="pass --search SPEC")
     model, _ = newest_checkpoint(run, settings)
     ev = dict(settings.get("eval") or {})
@@ -108,8 +111,9 @@ def info(run: str, model: str) -> dict:
     settings = read_settings(run)
     newest, point = newest_checkpoint(run, settings)
     out = {"folder": run, "checkpoint": model, "newest": newest, "eval_point": point if model == newest else None}
-    if out["eval_point"] and (Path(run) / "eval" / f"{point}.json").is_file():
-        out["run_eval"] = str(Path(run) / "eval" / f"{point}.json")
+    report = Path(run) / layout.EVAL / f"{point}.json"
+    if out["eval_point"] and report.is_file():
+        out["run_eval"] = str(report)
     return out
 
 
