@@ -1,4 +1,4 @@
-"""The trajectory table contract (DESIGN.md §3): every column, its Arrow type, its owner.
+"""The trajectory table contract (docs/design.md, "The trajectory table"): every column, its Arrow type, its owner.
 
 One row per trajectory. A stage adds or replaces only the columns it owns and passes every
 other column through untouched. `require()` fails at entry naming the missing column and

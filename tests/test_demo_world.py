@@ -317,8 +317,7 @@ def test_stepwise_real_mixes_the_real_benchmarks_train_part_into_corpus_question
         assert last is not None and r["answer"] in last, r["messages"][-1]["content"]
         assert r["answer"] in restated, (restated, r["answer"])
     # every expert turn fits the learn preset's token budget for a turn: a longer one teaches the policy turns that
-    # the rollout cuts short (session 29: 1 demo turn in 10 overran 192 tokens, and 60% of demo test episodes had a
-    # format error)
+    # the rollout cuts short (when 1 demo turn in 10 overran 192 tokens, most demo test episodes had a format error)
     from transformers import AutoTokenizer
 
     from atomcli.stages import run_all

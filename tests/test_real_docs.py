@@ -61,7 +61,7 @@ def test_build_writes_flashrag_splits_and_an_index(built):
     train, test = read_jsonl(out / "train.jsonl"), read_jsonl(out / "test.jsonl")
     assert len(train) + len(test) == len(questions) == summary["train"] + summary["test"]
     # the first 139 questions split ~60/40, stratified by hops; the supplement sqlite_140-599 is train only, and
-    # sqlite_600 on (session 33) is test only, on pages that no training question uses
+    # sqlite_600 on is test only, on pages that no training question uses
     num = lambda q: int(q["id"].rsplit("_", 1)[1])
     first = [q for q in questions if num(q) < 140]
     later_test = [q for q in questions if num(q) >= 600]

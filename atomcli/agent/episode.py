@@ -1,4 +1,4 @@
-"""One agent episode and its token bookkeeping (DESIGN.md §3-4).
+"""One agent episode and its token bookkeeping (docs/design.md: the trajectory table, the agent format).
 
 `Chat` renders conversations with the policy's chat template and measures the glue text
 between renderings; `Episode` holds one trajectory's messages and exact token columns;

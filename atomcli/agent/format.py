@@ -1,4 +1,4 @@
-"""The agent format (DESIGN.md §4): system prompt, tool descriptions, and turn parsing.
+"""The agent format (docs/design.md, "The agent format"): system prompt, tool descriptions, and turn parsing.
 
 One assistant turn is `<think>…atomic thoughts…</think>` followed by exactly one of
 `<tool_call>{json}</tool_call>` or `<answer>short answer</answer>`. Every parser here is
@@ -26,7 +26,7 @@ TOOLS_DOC = [
 ]
 
 # Kept short on purpose: every token of it is in every trajectory, and a 135M model on a CPU
-# pays for each one in SFT, rollout and GRPO (DESIGN.md §9 rates).
+# pays for each one in SFT, rollout and GRPO.
 DEFAULT_SYSTEM_PROMPT = """You are a research agent. Today is {date}. Answer by searching and reading; your memory is not enough.
 Each turn, think inside <think></think> in short tagged atomic thoughts such as <OBSERVATION>, <PLAN>, <HYPOTHESIS_TESTING>, <REFLECTION>, <ACTION>. Then write exactly one of:
 <tool_call>{{"name": "web_search", "arguments": {{"query": ["..."]}}}}</tool_call>
@@ -70,7 +70,7 @@ def neutralize(text: str) -> str:
 
 # The environment's word on the turn budget (rollout --last-turn-note), after the tool response
 # that opens the last turn: without it the policy cannot know the cap and an episode still
-# searching when the cap comes ends unanswered (learning study, session 20).
+# searching when the cap comes ends unanswered (as the learning study found).
 LAST_TURN_NOTE = "This is your last turn: give your answer now."
 # What rollout --force-answer says when the last turn still called a tool.
 NOT_RUN = "No turns are left: this call was not run."
@@ -257,7 +257,7 @@ def forced_answer_turn(answer: str) -> tuple[str, tuple[int, int]]:
 
 
 def trajectory_format_ok(messages: list[dict]) -> bool:
-    """DESIGN.md §5: every assistant turn well formed, and the last one answers."""
+    """Every assistant turn well formed, and the last one answers."""
     turns = [m.get("content") or "" for m in messages or [] if m.get("role") == "assistant"]
     if not turns:
         return False

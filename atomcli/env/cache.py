@@ -1,5 +1,5 @@
 """The tool cache: one SQLite file of search results and page texts, which is also the
-recorded environment that `replay:CACHE` serves (DESIGN.md §8).
+recorded environment that `replay:CACHE` serves.
 
 A row is (kind, source, key) -> JSON value: kind `search` or `page`, source the backend
 that produced it (`ddg/us-en/moderate`, `web`, ...), key the normalized query or URL. Failed

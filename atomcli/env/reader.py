@@ -1,4 +1,4 @@
-"""The reading agent of `browse_webpage` (DeepResearcher's, DESIGN.md §4): page text in, what
+"""The reading agent of `browse_webpage` (DeepResearcher's): page text in, what
 is new and relevant to the browse query out.
 
 A page is split into segments of ~300-500 words and read in order by one of two readers:

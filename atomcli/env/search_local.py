@@ -1,6 +1,6 @@
 """The local search engine: building a BM25 index from a corpus, and the `local:INDEX` backend.
 
-Engine: SQLite FTS5 from the standard library (DESIGN.md §7), Porter-stemmed unicode61
+Engine: SQLite FTS5 from the standard library, Porter-stemmed unicode61
 tokens, BM25 with the title weighted above the body. The index is one SQLite file:
 
 - `docs(rowid, id, title, contents, url)`: the documents, stored once; `url` is the

@@ -1,6 +1,6 @@
 """Information gain (IGPO): how likely a model finds the golden answer after each turn of a trajectory.
 
-Owns the mechanics behind `atom score-ig` (DESIGN.md §5): the contexts a trajectory is cut
+Owns the mechanics behind `atom score-ig` (docs/design.md, "Rewards and advantages"): the contexts a trajectory is cut
 into, the answer turn teacher-forced after each of them, and the no-grad forward passes that
 give the mean log-probability of the golden-answer tokens. No generation happens.
 

@@ -1,4 +1,4 @@
-"""Outcome metrics (DESIGN.md §5): the official scorers' F1, EM and cover-EM, nothing else.
+"""Outcome metrics (docs/design.md, "Outcome metrics"): the official scorers' F1, EM and cover-EM, nothing else.
 
 Owns the scorer names (`F1_VARIANTS`, `SCORERS`) that `aggregate-reward`, `eval` and their
 reports use, and the functions they name. Each reproduces its official script exactly

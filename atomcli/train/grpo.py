@@ -1,4 +1,4 @@
-"""The GRPO update, as plain math over token tensors (DESIGN.md §6).
+"""The GRPO update, as plain math over token tensors (docs/design.md, "The GRPO update").
 
 Per target token t of trajectory i (its completion tokens up to the last one it sampled):
 

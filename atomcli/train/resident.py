@@ -1,4 +1,4 @@
-"""The policy that run-all keeps in memory between GRPO steps (issue 18, "a resident loop").
+"""The policy that run-all keeps in memory between GRPO steps (a resident loop).
 
 `atom grpo-step` reads its policy, AdamW state and reference from checkpoint folders and writes a
 new folder. run-all chains the same stage N times in one process, so reading back what it has just

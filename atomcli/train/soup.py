@@ -4,7 +4,7 @@ run-all averages its rejection-sampling rounds' checkpoints with it (`[run-all] 
 the same SFT checkpoint on a different set of the policy's own right answers, so the rounds are siblings from
 one init, which is when averaging weights works: each tune's changes that carry to new questions add up, and
 each one's overfit to its own rows is averaged down. On the `real` preset the average of its two rounds
-transferred better than either round (bench/LEARNING.md has the numbers).
+transferred better than either round (docs/experiments.md has the numbers).
 
 Every tensor of model.safetensors is the mean of the ingredients' tensors, summed in float64 and written in
 the first ingredient's dtype. The other files come from the first ingredient: the
