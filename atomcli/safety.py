@@ -33,6 +33,7 @@ import os
 import re
 import sqlite3
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
@@ -269,7 +270,8 @@ def _through(p: Path, stream: bool, flag: str) -> Target:
 
 def check_writable(target: Target, flag: str = "--out") -> None:
     """Refuse, before any work, an output that cannot be written: its folder (or the nearest one
-    that exists, where the missing ones would be made) is not a folder or not writable."""
+    that exists, where the missing ones would be made) is not a folder, or no entry can be made in
+    it (tried for real: access(2) says yes to root on /proc and /sys)."""
     name = str(target.path)
     if target.how == THROUGH:
         if not os.access(target.path, os.W_OK):
@@ -281,9 +283,11 @@ def check_writable(target: Target, flag: str = "--out") -> None:
     if not folder.is_dir():
         raise InputError(f"{flag} cannot be made: {folder} is not a folder", file=name,
                          hint="give a path inside a folder")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} cannot be written: the folder {folder} is not writable (permission denied "
-                         "or a read-only file system)", file=name, hint="give a path in a writable folder")
+    try:  # a real entry, made and removed: permissions, read-only mounts and /proc-like folders all answer
+        os.rmdir(tempfile.mkdtemp(prefix=".atom-probe-", dir=folder))
+    except OSError as e:
+        raise InputError(f"{flag} cannot be written: the folder {folder} is not writable ({e.strerror})", file=name,
+                         hint="give a path in a writable folder") from None
 
 
 def check_sqlite_file(path: str | Path, tables: set[str], what: str, hint: str) -> None:

@@ -192,6 +192,25 @@ def test_an_index_through_a_symlink_replaces_the_target_and_a_device_is_refused(
     assert code == 2 and "must be a regular file" in err and null.is_symlink()
 
 
+def test_a_socket_a_folder_link_and_a_device_for_a_run_folder_are_refused(tmp_path):
+    import socket
+    table = write_jsonl(tmp_path / "t.jsonl", scored_rows())
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock"))
+    try:
+        code, _, err = cli("aggregate-reward", table, "--out", tmp_path / "sock")
+        assert code == 2 and "is a socket" in err
+    finally:
+        sock.close()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "dl").symlink_to(tmp_path / "d")
+    code, _, err = cli("aggregate-reward", table, "--out", tmp_path / "dl")
+    assert code == 2 and "is a folder" in err
+    (tmp_path / "null").symlink_to("/dev/null")
+    code, _, err = cli("run-all", "--out", tmp_path / "null")
+    assert code == 2 and "exists and is not a folder" in err and (tmp_path / "null").is_symlink()
+
+
 # --- 3. keys inside a policy-sync command ---------------------------------------------------------
 
 @pytest.mark.parametrize("spec", [
@@ -349,9 +368,14 @@ def test_an_out_in_a_read_only_folder_is_refused_before_the_work(tmp_path):
     assert code == 2 and "not writable" in err
 
 
-def test_check_writable_names_the_folder_that_blocks():
-    with pytest.raises(InputError, match="not writable|is not a folder"):
+def test_check_writable_names_the_folder_that_blocks(tmp_path):
+    with pytest.raises(InputError, match="/proc/version is not a folder"):
         safety.check_writable(safety.Target(safety.NEW, Path("/proc/version/x/out.parquet")))
+    table = write_jsonl(tmp_path / "t.jsonl", scored_rows())
+    for out in ("/proc/out.parquet", "/proc/self/new/out.parquet"):  # root may write anywhere else
+        code, _, err = cli("aggregate-reward", table, "--out", out)
+        assert code == 2 and "is not writable" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]  # the probe leaves nothing
 
 
 # --- 7. files other processes need -------------------------------------------------------------------
