@@ -24,7 +24,7 @@ def check_out(run_dir: Path, resume: bool) -> None:
     """--out is new, empty, or (with --resume) a folder run-all made; and no other process writes it."""
     from atomcli import safety
     probe_lock(run_dir)
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not resume:  # not a folder: check_output says so
         hint = ("pass --resume to continue it, or a new --out" if safety.is_run_folder(run_dir)
                 else "give a new --out: run-all writes into a folder of its own")
         raise InputError("run folder exists and is not empty", file=str(run_dir), hint=hint)
