@@ -71,10 +71,14 @@ def _version(value: bool):
 @app.callback()
 def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks (also ATOM_DEBUG=1).")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and the libraries' own warnings and "
+                                                        "progress bars (also ATOM_DEBUG=1).")] = False,
 ):
     if debug:
         STATE["debug"] = True
+    if not STATE["debug"]:
+        from atomcli import progress
+        progress.quiet_libraries()  # before transformers, datasets or trl is imported
     from atomcli import heap
     try:
         heap.retain()  # before torch allocates: freed tensors keep their pages (heap.py says why)

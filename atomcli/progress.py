@@ -14,6 +14,11 @@ before). A quiet context (`Context(quiet=True)`, the non-main ranks of a launch)
 
 Stages report with `advance(n)` and `update(completed=, total=, info=)`; both are safe to call
 from any thread. Counts may be fractional (score-ig reports work done in trajectory units).
+
+It also owns what the libraries underneath may print: `quiet_libraries()`, called by every `atom`
+command unless --debug or ATOM_DEBUG=1, turns off their progress bars ("Loading weights", dataset
+mapping, "Writing model shards"), their info and warning logs, and Python warnings
+(FutureWarning, DeprecationWarning, UserWarning), so that stderr holds atomcli's lines only.
 """
 
 from __future__ import annotations
@@ -23,6 +28,32 @@ import threading
 import time
 
 EVERY = float(os.environ.get("ATOM_PROGRESS_EVERY", "") or 30.0)  # seconds between plain progress lines
+
+# read by huggingface_hub, transformers and datasets when they are imported; a value the user set wins
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+             "TRANSFORMERS_VERBOSITY": "error", "DATASETS_VERBOSITY": "error",
+             "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+
+
+def quiet_libraries() -> None:
+    """No third-party progress bars, log lines below errors, or Python warnings (atomcli raises none)."""
+    import sys
+    import warnings
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    for category in (FutureWarning, DeprecationWarning, UserWarning):
+        warnings.filterwarnings("ignore", category=category)
+    # a library imported already has read its environment: tell it directly
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    if "datasets" in sys.modules:
+        import datasets
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
 
 
 def clock(seconds: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ import pyarrow as pa
 import pytest
 from conftest import ROOT, atom
 
-from atomcli import config, schema, tableio
+from atomcli import config, progress, schema, tableio
 from atomcli.errors import InputError
 
 COMMANDS = ["sft", "rollout", "score-rrm", "aggregate-reward", "rft", "grpo-step", "eval", "run-all", "index", "search"]
@@ -45,6 +46,22 @@ def test_version_is_written_once():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" in meta["project"]["dynamic"] and "version" not in meta["project"]
     assert meta["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "atomcli.__version__"}
+
+
+@pytest.mark.parametrize("debug", ["", "1"])
+def test_library_bars_and_warnings_are_off_unless_debugging(debug):
+    """Every command quiets transformers/datasets/huggingface_hub and Python warnings; ATOM_DEBUG=1 keeps them."""
+    code = ("import os, warnings; from typer.testing import CliRunner; from atomcli.cli import app; "
+            "r = CliRunner().invoke(app, ['sft', 'missing.jsonl', '--out', 'x']); "
+            "assert r.exit_code in (1, 2), r.output; "
+            "warnings.warn('a library speaks', FutureWarning); "
+            "print('BARS', os.environ.get('HF_HUB_DISABLE_PROGRESS_BARS'), os.environ.get('TRANSFORMERS_VERBOSITY'))")
+    env = {k: v for k, v in os.environ.items() if k not in progress.QUIET_ENV} | {"ATOM_DEBUG": debug}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
+    if debug:
+        assert "BARS None None" in p.stdout and "FutureWarning: a library speaks" in p.stderr
+    else:
+        assert "BARS 1 error" in p.stdout and "Warning" not in p.stderr
 
 
 def test_missing_column_names_the_stage_and_writes_nothing():

@@ -104,8 +104,13 @@ def test_cli_sft_lowers_the_loss_and_writes_a_plain_checkpoint(tiny_model, tmp_p
     tableio.write_table(table, str(data))
     out = tmp_path / "ckpt"
     proc = atom("sft", data, "--model", tiny_model, "--out", out, "--max-steps", "6", "--lr", "1e-2",
-                "--no-gradient-checkpointing", "--batch-size", "4", "--lr-scheduler", "constant", check=True)
+                "--no-gradient-checkpointing", "--batch-size", "4", "--lr-scheduler", "constant", check=True,
+                env={"ATOM_DEBUG": ""})
     assert proc.stdout == b""  # TRL's log lines went to stderr
+    # and stderr holds atomcli's lines only: no library warnings or progress bars
+    for noise in (b"Warning", b"Loading weights", b"train dataset", b"Writing model shards", b"it/s]"):
+        assert noise not in proc.stderr, noise
+    assert b"sft: 6 steps" in proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 6 and metrics["source"] == "chat template"
     assert metrics["train_loss_last"] < metrics["train_loss_first"] - 1.0
