@@ -366,8 +366,9 @@ _BARE_SECRETS = (
     ("an API key header", re.compile(r"(?i)\b(?:x-api-key|api-key)\s*:\s*(?![$%])([^\s\"']{6,})")),
     ("a key-like option", re.compile(r"(?i)(?:^|[\s\"'])--?(?:api[-_]?key|access[-_]?token|auth[-_]?token|token|"
                                      r"password|passwd|secret|client[-_]secret)(?:=|\s+)(?![$%-])([^\s\"']{6,})")),
-    ("a key in an environment assignment", re.compile(r"\b[A-Za-z0-9_]*(?:API_KEY|TOKEN|SECRET|PASSWORD)="
-                                                      r"(?![$%])([^\s\"']{6,})")),
+    # KEY=VALUE (an environment assignment, a search option): a value with a letter, 8 or more characters
+    ("a key in an assignment", re.compile(r"(?i)\b[A-Za-z0-9_]*(?:api_?key|token|secret|password)="
+                                          r"(?![$%])(?=[^\s\"',]*[A-Za-z])([^\s\"',]{8,})")),
     ("a token that looks like an API key", re.compile(
         r"(?<![A-Za-z0-9])(sk-[A-Za-z0-9_-]{16,}|sk_(?:live|test)_[A-Za-z0-9]{16,}|hf_[A-Za-z0-9]{20,}|"
         r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|"

@@ -239,6 +239,12 @@ def test_run_all_refuses_a_key_in_policy_sync_before_writing_config_json(tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+def test_a_key_in_search_options_is_refused_like_one_in_a_spec(tmp_path):
+    q = write_jsonl(tmp_path / "q.jsonl", [{"id": "q0", "question": "Where?", "golden_answers": ["Paris"]}])
+    code, out, err = cli("rollout", q, "--search-options", "region=us,api_key=XYZabc12345", "--out", tmp_path / "o")
+    assert code == 2 and "search_options" in err and "XYZabc12345" not in err + out
+
+
 def test_policy_sync_refuses_a_key_where_the_spec_enters():
     from atomcli.engines import policy_sync
     with pytest.raises(InputError, match="carries a bearer token"):
