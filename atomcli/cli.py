@@ -192,7 +192,11 @@ def stage_command(name: str, module: str, config: str, args: list[tuple[str, str
     impl.__signature__ = inspect.Signature(params)
     impl.__name__ = name.replace("-", "_")
     impl.__doc__ = help or (mod.__doc__ or "").strip().split("\n\n")[0]
-    app.command(name, cls=AtomCommand)(guarded(impl))
+    from atomcli import config as cfgmod
+    hidden = sum(cfgmod.is_advanced(f) for f in dataclasses.fields(cfg_cls) if f.name not in skip)
+    epilog = (f"{hidden} more options (tuning knobs, engine and server settings) are accepted but not shown "
+              f"here; docs/config.md lists every option of [{name}].") if hidden else None
+    app.command(name, cls=AtomCommand, epilog=epilog)(guarded(impl))
 
 
 OUT_OPT = _param("out", Annotated[str, typer.Option("--out", "-o", help=OUT_TABLE)])
