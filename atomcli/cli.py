@@ -70,6 +70,7 @@ def _version(value: bool):
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and the libraries' own warnings and "
                                                         "progress bars (also ATOM_DEBUG=1).")] = False,
@@ -81,7 +82,7 @@ def _root(
         progress.quiet_libraries()  # before transformers, datasets or trl is imported
     from atomcli import heap
     try:
-        heap.retain()  # before torch allocates: freed tensors keep their pages (heap.py says why)
+        heap.start(ctx.invoked_subcommand)  # before torch allocates; only for CPU training (heap.py says why)
     except InputError as e:
         _fail(2, e.one_line())
 
@@ -318,8 +319,8 @@ def index_cmd(
     out: Annotated[str, typer.Option("--out", "-o", help="Index file to write (SQLite).")],
     engine: Annotated[str, typer.Option("--engine", help="fts5 (SQLite, default) or tantivy if installed.")] = "fts5",
     impacts: Annotated[bool, typer.Option("--impacts/--no-impacts",
-                                          help="Precompute BM25 impacts: ~3x faster queries, ~3x build time, "
-                                               "~1.7x index size; same ranking.")] = True,
+                                          help="Precompute BM25 impacts: faster queries for a slower build and a "
+                                               "larger index (bench/RESULTS.md); same ranking.")] = True,
 ):
     """Build the local full-text (BM25) search index."""
     from atomcli.env import search_local

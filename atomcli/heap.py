@@ -3,25 +3,25 @@ machine runs short of memory.
 
 Why: a CPU training step allocates and frees the same large tensors (logits of 49,152 columns per token, activations)
 every step. glibc serves each allocation over 32 MB with a fresh `mmap` and unmaps it when freed, so every step the
-kernel hands out new pages and zeroes them again. On the 2-core VM of session 37, `perf` put 90% of an SFT's time in
-the kernel's page zeroing (`clear_page_erms`), and a step took about 60 s instead of about 20 s. With `retain()` glibc
-serves every allocation from its heap (no `mmap`) and never trims it, so a freed tensor's pages are reused as they
-are (in the main thread's arena, where CPU autograd allocates; thread arenas still map and unmap). `bench/heap.py`
-measures both ways side by side.
+kernel hands out new pages and zeroes them again; on a 2-core VM `perf` put most of an SFT's time in the kernel's page
+zeroing (`clear_page_erms`). With `retain()` glibc serves every allocation from its heap (no `mmap`) and never trims
+it, so a freed tensor's pages are reused as they are (in the main thread's arena, where CPU autograd allocates;
+thread arenas still map and unmap). `bench/heap.py` measures both ways side by side (bench/RESULTS.md).
 
 The cost is fragmentation: batches of other lengths free holes a larger tensor does not fit, and a heap that is never
-trimmed keeps every one of them resident. The learn preset's SFT (batches of 4 x up to 2,048 tokens) grew to 24.4 GB
-and was killed by the kernel on the 24 GB machine (session 38). So `retain()` also starts a guard thread: twice a
-second it reads the machine's available memory, and when that falls below ATOM_HEAP_RESERVE (a share of the total,
-default 0.2) it calls `malloc_trim(0)`, which hands the free pages inside the heap back to the system. Pages are
-re-zeroed only while memory is short; when it is not, nothing changes. A guard that trims every step costs what
-the kept heap saves (session 39: the learn preset's SFT at 45 s a step, 40% of its CPU time in the kernel), so the
-presets train SFT batches of 2 rows accumulated to 4, whose peak leaves the guard nothing to do (flat at 15.2 GB,
-21.6 s a step), and `atom sft` pads batches to a multiple of 256 tokens (`--pad-multiple`) so the heap sees a few
-tensor sizes (its effect alone is not measured).
+trimmed keeps every one of them resident (the learn preset's SFT, batches of 4 x up to 2,048 tokens, once outgrew a
+24 GB machine). So `retain()` also starts a guard thread: twice a second it reads the machine's available memory,
+and when that falls below ATOM_HEAP_RESERVE (a share of the total, default 0.2) it calls `malloc_trim(0)`, which
+hands the free pages inside the heap back to the system. Pages are re-zeroed only while memory is short; when it is
+not, nothing changes. A guard that trims every step costs what the kept heap saves, so the presets train SFT batches
+of 2 rows accumulated to 4, whose peak leaves the guard nothing to do, and `atom sft` pads batches to a multiple of
+256 tokens (`--pad-multiple`) so the heap sees a few tensor sizes (its effect alone is not measured).
 
-`atom` calls `retain()` when it starts, before torch allocates anything. `ATOM_HEAP=release` keeps glibc's defaults
-(a process that must hand memory back while it waits); other C libraries (musl, macOS) are left as they are.
+Where it applies: `retain()` is a tune for training on a CPU, where it was measured. `atom` calls `start(command)`
+when it starts, before torch allocates anything, and that retains the heap only for the commands that train
+(`TRAINING`) on a machine without a CUDA device; evals, rollouts, `atom index` and GPU runs keep glibc's defaults.
+`ATOM_HEAP=retain` asks for the kept heap in every command, `ATOM_HEAP=release` in none (a process that must hand
+memory back while it waits); other C libraries (musl, macOS) are left as they are.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ import threading
 import time
 
 ENV = "ATOM_HEAP"
-RETAIN, RELEASE = "retain", "release"
-CHOICES = (RETAIN, RELEASE)
+AUTO, RETAIN, RELEASE = "auto", "retain", "release"
+CHOICES = (AUTO, RETAIN, RELEASE)
+TRAINING = frozenset({"sft", "grpo-step", "run-all"})  # the commands whose CPU training the kept heap was measured on
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 # mallopt takes an int and glibc stores the trim threshold as a size_t: -1 becomes SIZE_MAX, "never trim"
@@ -58,9 +59,9 @@ def _glibc():
 
 
 def policy() -> str:
-    """The heap policy ATOM_HEAP asks for (retain by default); a value not in CHOICES is an error."""
+    """The heap policy ATOM_HEAP asks for (auto by default); a value not in CHOICES is an error."""
     from atomcli.errors import InputError
-    value = os.environ.get(ENV, RETAIN).strip().lower() or RETAIN
+    value = os.environ.get(ENV, AUTO).strip().lower() or AUTO
     if value not in CHOICES:
         raise InputError(f"{ENV}={value!r} is not a heap policy", hint=f"use one of: {', '.join(CHOICES)}")
     return value
@@ -145,9 +146,8 @@ def resident_mb() -> float | None:
 def release() -> tuple[float | None, float | None]:
     """Hand the heap's free pages back now (`malloc_trim(0)` after a garbage collection); (resident MB before,
     after). run-all calls it after each training stage: the stage's freed activations and logits leave a heap of
-    holes sized for training batches, which the sampling that follows does not need (a run-all process ran the
-    same rollouts 15-70% slower after its SFT than a fresh process, LEARNING.md session 41; with this call the
-    rollout after the SFT took the same time as in a fresh process, side by side, session 42)."""
+    holes sized for training batches, which the sampling that follows does not need (without this call a run-all
+    process ran the same rollouts slower after its SFT than a fresh process; with it, as fast)."""
     import gc
     before = resident_mb()
     gc.collect()
@@ -157,11 +157,25 @@ def release() -> tuple[float | None, float | None]:
     return before, resident_mb()
 
 
+def start(command: str | None) -> bool:
+    """What `atom COMMAND` does first: keep the heap where the policy says so (module docstring); True if kept."""
+    chosen = policy()
+    if chosen == RELEASE:
+        return False
+    if chosen == AUTO:
+        if command not in TRAINING:
+            return False
+        import torch  # a training command imports it anyway; nothing large is allocated by the import
+        if torch.cuda.is_available():
+            return False
+    return retain()
+
+
 def retain() -> bool:
     """Serve all allocations from glibc's heap, never trim it on free, and start the guard that trims it while
-    memory is short (module docstring); True if that was set."""
+    memory is short (module docstring); True if that was set. ATOM_HEAP=release turns it off."""
     global guard
-    if policy() != RETAIN:
+    if policy() == RELEASE:
         return False
     share = reserve()
     libc = _glibc()

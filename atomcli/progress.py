@@ -117,7 +117,7 @@ class Progress:
             self._thread.join()
             self._thread = None
             # a run that lasted a period gets its closing line even when the timer thread never got the GIL in
-            # time to print a tick (a 15 ms run with a 5 ms period, on a loaded machine: a flaky test, session 32)
+            # time to print a tick (a 15 ms run with a 5 ms period on a loaded machine made a flaky test)
             if (self.lines or time.monotonic() - self.t0 >= self.every) and exc_type is None:
                 self._line(done=True)
 

@@ -1,4 +1,4 @@
-"""Bounded retries and rate limiting for tools and judges (DESIGN.md §8, "Faults").
+"""Bounded retries and rate limiting for tools and judges.
 
 `ToolFault` marks a *transient* failure (timeout, connection error, HTTP 429/5xx, a rate
 limit from a search engine): `RetryPolicy.call` retries it with exponential backoff and

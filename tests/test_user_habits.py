@@ -1,4 +1,4 @@
-"""The habits users expect (issue 19): shell completion, hf-style help, progress in every long stage (also
+"""The habits users expect: shell completion, hf-style help, progress in every long stage (also
 when stderr is a log file), JSON Lines from `atom search`/`atom browse`, checkpoints other tools load."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_progress_lines_when_stderr_is_not_a_terminal(monkeypatch):
 
 
 def test_a_run_that_lasted_a_period_gets_its_closing_line_even_if_no_tick_was_printed(monkeypatch):
-    """Session 32's flaky CI test: on a loaded machine the timer thread may not print a tick within a short run."""
+    """A once-flaky CI test: on a loaded machine the timer thread may not print a tick within a short run."""
     monkeypatch.setattr(progress.Progress, "_tick", lambda self: self._stop.wait())  # a thread that never gets to print
     ctx, buf = log_context()
     with progress.Progress(ctx, "work", 2, "items", every=0.01) as p:

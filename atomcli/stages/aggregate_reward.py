@@ -1,7 +1,7 @@
 """Stage `aggregate-reward`: outcome metrics, curriculum fusion with a process reward, group advantages.
 
 Owns `f1`, `em`, `format_penalty`, `alpha`, `reward`, `advantage`, and `turn_advantages` with
-`--credit turn` (docs/design.md has the formulas).
+`--credit turn` (docs/design.md, "Rewards and advantages").
 
 The process reward (`--process`) is ATR from `score-rrm` (`atr`, the default: Atom-Searcher),
 the information gain from `score-ig` (`ig`: IGPO's signal, the sum of the turn gains, in
@@ -35,25 +35,25 @@ gets a spread of rewards from the process reward alone, so by default (`process`
 Searcher's fusion as written) the policy is trained on the judge alone there. With `skip`
 such a group's advantages (and turn advantages) are 0: the process reward then only ranks
 trajectories whose outcomes differ. Why: with a stand-in judge (the heuristic RRM) the
-learning study (bench/LEARNING.md) found the policy optimized on the judge alone once the
+learning study (docs/experiments.md) found the policy optimized on the judge alone once the
 hard questions' groups were all F1 = 0, and the outcome-only reward, which skips such
 groups, learned more; `skip` keeps the fusion where the outcome has signal.
 
 Truncated trajectories (`--truncated`). A trajectory that ran out of turns or of context
-(`finish_reason` max_turns or length) has no answer, so it is ill formed: reward −1 either way
-(DESIGN §5). With `penalty` (the default) it takes part in its group's advantage like any row:
-it ranks below every answered sample, wrong answers included. With `mask` (DAPO's overlong
+(`finish_reason` max_turns or length) has no answer, so it is ill formed: reward −1 either way.
+With `penalty` (the default) it takes part in its group's advantage like any row: it ranks
+below every answered sample, wrong answers included. With `mask` (DAPO's overlong
 filtering, for turns as well as tokens) its advantage (and turn advantages) are 0 and it stays
 out of its group's mean and std: the group's answered samples are ranked among themselves.
 With `fail` it is ranked as a wrong answer: its advantage is computed from the reward an
 answer with F1 0 would get (α·P with its process reward, else 0), so running out of turns is
 neither better nor worse than guessing wrong.
-Why: a budget is not a choice the policy made. In the learning study (bench/LEARNING.md,
-session 17) the few samples that hit the 4-turn cap each made two or three "search again"
-choices with an advantage near −2, which outweighed every answered sample's push and taught
-the policy to answer after one search; with `mask` nothing taught it to stop any more and by
-step 5 it searched until the cap on 59% of the test questions. Ill-formed samples that did
-answer (bad tags) are not truncated and keep their −1 under every choice.
+Why: a budget is not a choice the policy made. In the learning study the few samples that
+hit a 4-turn cap each made two or three "search again" choices with an advantage near −2,
+which outweighed every answered sample's push and taught the policy to answer after one
+search; with `mask` nothing taught it to stop any more, and a few steps later it searched until
+the cap on most test questions. Ill-formed samples that did answer (bad tags) are not
+truncated and keep their −1 under every choice.
 
 Turn-level credit (`--credit turn`, IGPO). `reward` and `advantage` stay the trajectory-level
 values above (the summary and the step metrics read them; grpo-step falls back to

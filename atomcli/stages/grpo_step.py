@@ -1,4 +1,4 @@
-"""Stage `grpo-step`: one GRPO policy update from a rewarded table (DESIGN.md §6).
+"""Stage `grpo-step`: one GRPO policy update from a rewarded table (docs/design.md, "The GRPO update").
 
 For trajectory i the model reads `prompt_ids + completion_ids` and is scored only on the
 completion tokens with `loss_mask = 1` (what the policy sampled); tool responses and
@@ -79,7 +79,7 @@ class GRPOConfig:
                             advanced=True)
     precision: str = opt("auto", "mixed precision: bf16 or fp32 (auto: bf16 on a GPU that supports it, else fp32); "
                                  "weights and optimizer state stay fp32", advanced=True)
-    gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, ~30% more time)",
+    gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, more time)",
                                        advanced=True)
     lora: bool = opt(False, "train a LoRA adapter (peft) instead of all weights")
     lora_r: int = opt(16, "LoRA rank", advanced=True)

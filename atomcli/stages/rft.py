@@ -5,10 +5,10 @@ that answered (`finish_reason` answer, well formed) with F1 >= `--min-f1` agains
 `--per-question` a question (the first sampled, so easy questions do not outvote the rest). The rows keep their
 token columns: `atom sft` trains on the tokens as sampled, tool tokens masked.
 
-Why (bench/LEARNING.md, sessions 38-40): GRPO steps of a few questions move how the policy reads real text by
-about as much as the draw of questions does; rejection sampling (STaR, RAFT, ReST's "grow" step; expert
-iteration, a policy-improvement step on a 0/1 reward) takes the positive half of that signal in bulk. Two rounds
-from the stepwise-real SFT raised transfer to the SQLite documents from 0.248 to 0.273, then 0.300.
+Why: GRPO steps of a few questions move how the policy reads real text by about as much as the draw of
+questions does; rejection sampling (STaR, RAFT, ReST's "grow" step; expert iteration, a policy-improvement step
+on a 0/1 reward) takes the positive half of that signal in bulk. Two rounds from the stepwise-real SFT raised
+transfer to the SQLite documents each time (docs/experiments.md has the numbers).
 """
 
 from __future__ import annotations

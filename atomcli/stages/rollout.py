@@ -1,4 +1,4 @@
-"""Stage `rollout`: the multi-turn atomic-thought agent (DESIGN.md §4), G samples per question.
+"""Stage `rollout`: the multi-turn atomic-thought agent (docs/design.md, "The agent format"), G samples per question.
 
 Owns the rollout columns of the trajectory table, including the exact token columns
 (`prompt_ids`, `completion_ids`, `loss_mask`, `old_logprobs`) built incrementally from what
@@ -105,7 +105,7 @@ class RolloutConfig:
     retries: int = opt(4, "OpenAI engine: attempts per request on timeouts, 429 and 5xx", advanced=True)
     precision: str = opt("fp32", "HF engine: the weights the policy samples with: fp32, or bf16 (a bfloat16 copy of "
                                  "the policy: faster on CPUs with AMX and on GPUs; the sampled log-probs then "
-                                 "differ from an fp32 pass by ~0.006, bench/RESULTS.md)", advanced=True)
+                                 "differ slightly from an fp32 pass; bench/RESULTS.md)", advanced=True)
     reuse_kv: bool = opt(True, "HF engine: keep each trajectory's KV cache between turns and compute shared "
                                "prompt prefixes once (same tokens, much less prefill)", advanced=True)
     policy_sync: str = opt("", "OpenAI engine: how the server is brought to a new policy (lora-vllm, sglang-disk, "

@@ -1,7 +1,7 @@
 """Stage `score-ig`: information-gain turn rewards (IGPO), from the policy itself, no judge.
 
-Owns `turn_ig`, `ig`, `ig_error` (DESIGN.md §3, §5). The mechanics (contexts, the forced
-answer turn, the forward passes) live in `atomcli.rewards.info_gain`.
+Owns `turn_ig`, `ig`, `ig_error` (docs/design.md, "Rewards and advantages"). The mechanics
+(contexts, the forced answer turn, the forward passes) live in `atomcli.rewards.info_gain`.
 
 For every trajectory, after the bare question (context 0) and after each assistant turn t
 (its context ends where turn t+1's sampled tokens start: the turn, the tool response, the
@@ -63,7 +63,7 @@ class IGConfig:
     batch_size: int = opt(8, "sequences per forward pass with --no-reuse-prefix", advanced=True)
     device: str = opt("", "torch device for the scoring model (cpu, cuda, cuda:1; default: where it loads)")
     precision: str = opt("auto", "the scoring passes: auto (bf16 on a GPU, else fp32), bf16 (autocast: fp32 "
-                                 "weights, bf16 matmuls; on this project's AMX CPU about twice as fast) or fp32",
+                                 "weights, bf16 matmuls; faster on a CPU with AMX) or fp32",
                          advanced=True)
     trust_remote_code: bool = opt(False, "allow model code from the checkpoint to run", advanced=True)
 

@@ -51,12 +51,12 @@ class SFTConfig:
     max_length: int = opt(2048, "truncate sequences to this many tokens")
     pad_multiple: int = opt(256, "pad each batch to a multiple of this many tokens (0: to its longest row): a few "
                                  "tensor sizes, whose freed blocks the kept heap can reuse as they are "
-                                 "(atomcli/heap.py; the effect on its size is not measured)", advanced=True)
-    gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, ~30% more time)",
+                                 "(atomcli/heap.py)", advanced=True)
+    gradient_checkpointing: bool = opt(True, "recompute activations in the backward pass (less memory, more time)",
                                        advanced=True)
     precision: str = opt("auto", "mixed precision: bf16 or fp32 (auto: bf16 on a GPU that supports it, else fp32); "
                                  "bf16 autocasts the matmuls and keeps fp32 master weights, and on a CPU with "
-                                 "AMX (bench/RESULTS.md) it is several times faster", advanced=True)
+                                 "AMX it is much faster (bench/RESULTS.md)", advanced=True)
     sampling: str = opt("random", "batch order: random, or length (rows of similar length batched together within "
                                   "random quarters of the set, at most 50 batches each, longest first: less "
                                   "padding; every row once an epoch, but max_steps short of an epoch skips "

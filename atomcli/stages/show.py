@@ -14,8 +14,8 @@ atomcli.safety.visible), and the HTML page escapes all of it, control characters
 so `--html -` on a terminal is as safe as the terminal view (inline CSS, no scripts, no
 external assets).
 
-Scores are shown as stored; colours use score/10 (score-rrm's integer 0-10 scale, DESIGN.md
-§5), unless every score in the table is a fraction in [0, 1] (a third-party scorer's scale).
+Scores are shown as stored; colours use score/10 (score-rrm's integer 0-10 scale), unless
+every score in the table is a fraction in [0, 1] (a third-party scorer's scale).
 """
 
 from __future__ import annotations
