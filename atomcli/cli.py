@@ -143,11 +143,12 @@ def _flag_params(cfg_cls, skip=()) -> list[inspect.Parameter]:
             continue
         typ = hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        shown = (f"--{'' if default else 'no-'}{f.name.replace('_', '-')}" if typ is bool else default)
+        on, off = cfgmod.flag_names(f.name, typ)
+        shown = ((on if default else off) if typ is bool else default)
         help_text = f.metadata.get("help", "") + (f"  [default: {shown}]" if shown != "" else "")
-        names = ["--" + f.name.replace("_", "-")] + list(f.metadata.get("short", []))
+        names = [on] + list(f.metadata.get("short", []))
         if typ is bool:
-            names = [f"--{f.name.replace('_', '-')}/--no-{f.name.replace('_', '-')}"]
+            names = [f"{on}/{off}"]
         params.append(_param(f.name, Annotated[Optional[typ], typer.Option(
             *names, help=help_text, show_default=False, hidden=cfgmod.is_advanced(f))], None))
     for key, gone in cfgmod.removed_keys(cfg_cls).items():

@@ -40,6 +40,14 @@ def is_advanced(field: dataclasses.Field) -> bool:
     return bool(field.metadata.get("advanced"))
 
 
+def flag_names(name: str, typ) -> tuple[str, str | None]:
+    """A field's flag and, for a bool, its off switch: `--lora` / `--no-lora`, `--no-std` / `--std`."""
+    flag = "--" + name.replace("_", "-")
+    if typ is not bool:
+        return flag, None
+    return flag, ("--" + flag[5:] if flag.startswith("--no-") else "--no-" + flag[2:])
+
+
 @dataclasses.dataclass(frozen=True)
 class Removed:
     """A key a config class no longer has, listed in the class's `REMOVED: ClassVar[dict]`.

@@ -83,8 +83,8 @@ def _cell(text: str) -> str:
 def _flag(section: str, name: str, typ) -> str:
     if section == "run-all":
         return ""
-    flag = "--" + name.replace("_", "-")
-    return f"`{flag}` / `--no-{flag[2:]}`" if typ is bool else f"`{flag}`"
+    on, off = cfgmod.flag_names(name, typ)
+    return f"`{on}` / `{off}`" if off else f"`{on}`"
 
 
 def section_markdown(section: str) -> str:
