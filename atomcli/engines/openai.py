@@ -151,7 +151,7 @@ class OpenAIEngine:
             return []
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
             results = list(pool.map(self._one, requests))
-        if not self.answered and all(r.stop == "error" for r in results if r is not None):
+        if not self.answered and all(r.stop == "error" for r in results):
             # not one trajectory's problem: the server refuses everything (a wrong model name, an API it
             # does not speak); writing error rows and exiting 0 would hide it
             first = next(r.error for r in results if r.error)
