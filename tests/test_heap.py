@@ -177,3 +177,18 @@ def test_release_hands_a_kept_heap_back_at_once():
     out = subprocess.run([sys.executable, "-c", RELEASE_PROBE], env=env, capture_output=True, text=True, check=True)
     got = json.loads(out.stdout)
     assert got["before"] - got["after"] >= 200  # MB: the freed block left the process
+
+
+def test_the_heap_is_kept_only_for_cpu_training_unless_asked(monkeypatch):
+    import torch
+    calls = []
+    monkeypatch.setattr(heap, "retain", lambda: calls.append(1) or True)
+    monkeypatch.delenv(heap.ENV, raising=False)
+    for command in ("eval", "rollout", "index", "show", None):
+        assert heap.start(command) is False  # evals, rollouts and indexes keep glibc's defaults
+    assert heap.start("sft") is (not torch.cuda.is_available())  # a GPU run keeps them too
+    monkeypatch.setenv(heap.ENV, "retain")
+    assert heap.start("eval") is True        # opt in for any command
+    monkeypatch.setenv(heap.ENV, "release")
+    assert heap.start("sft") is False        # opt out for training
+    assert len(calls) == 1 + (not torch.cuda.is_available())

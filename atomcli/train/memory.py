@@ -1,0 +1,106 @@
+"""How much memory a training stage will need, and the refusal of one that cannot fit the machine.
+
+A run that does not fit is killed by the kernel in the middle of its first long batch, an hour in for the longer
+presets, with nothing on the screen but "Killed". So `sft` (and run-all's SFT and tunes, which call it) estimates
+its peak from the model's shape and the batch settings before the first step and stops with one line saying what it
+needs, what the machine has available, and which settings lower it.
+
+The estimate is arithmetic, not a measurement:
+
+- the model's state: fp32 weights, their gradients and AdamW's two moments, 16 bytes a parameter (a LoRA run keeps
+  gradients and moments for the adapter only);
+- activations kept for the backward pass, per token and layer, a fixed number of hidden-size and intermediate-size
+  vectors (`ACT_HIDDEN`, `ACT_INTERMEDIATE`), times the tokens of one micro-batch (`batch_size x max_length`); with
+  gradient checkpointing only each layer's input is kept, plus one layer's activations while it is recomputed;
+- a margin (`MARGIN`) for the allocator's holes, the fused LM head's chunks and the interpreter.
+
+The constants were fitted so that the estimate lies above the peaks that bench/bench_sft_memory.py measured for the
+demo preset's SFT; the point is to refuse what cannot fit, not to predict the peak to the megabyte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from atomcli.errors import InputError
+
+GB = 2**30
+STATE_BYTES_PER_PARAM = 16   # fp32 weights + gradients + AdamW's exp_avg and exp_avg_sq
+ACT_HIDDEN = 16              # hidden-size vectors kept per token and layer (norms, q/k/v, attention out, residuals)
+ACT_INTERMEDIATE = 5         # intermediate-size vectors per token and layer (gate, up, activation, product)
+MARGIN = 1.25                # heap holes between batches of other lengths, fused-head chunks, the interpreter
+BASE_BYTES = 1 * GB          # Python, torch and the tokenizer before any tensor
+SKIP_ENV = "ATOM_MEMORY_CHECK"  # "0" turns the check off (a machine whose swap the user wants to use)
+CAP_ENV = "ATOM_MEMORY_GB"      # check against at most this many GB: will this config fit a 16 GB laptop?
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimate needs to know of a causal LM."""
+    params: int
+    layers: int
+    hidden: int
+    intermediate: int
+
+    @classmethod
+    def of(cls, model) -> "Shape":
+        c = model.config
+        c = getattr(c, "text_config", None) or c
+        return cls(params=sum(p.numel() for p in model.parameters()), layers=int(c.num_hidden_layers),
+                   hidden=int(c.hidden_size), intermediate=int(getattr(c, "intermediate_size", 4 * c.hidden_size)))
+
+
+def training_bytes(shape: Shape, *, batch_rows: int, tokens_per_row: int, checkpointing: bool,
+                   trainable_params: int | None = None) -> int:
+    """The estimated peak resident bytes of training `shape` on micro-batches of `batch_rows` x `tokens_per_row`."""
+    trainable = shape.params if trainable_params is None else trainable_params
+    state = 4 * shape.params + (STATE_BYTES_PER_PARAM - 4) * trainable
+    tokens = batch_rows * tokens_per_row
+    per_layer = tokens * (ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate) * 4
+    if checkpointing:
+        act = shape.layers * tokens * shape.hidden * 4 + per_layer
+    else:
+        act = shape.layers * per_layer
+    return int(BASE_BYTES + MARGIN * (state + act))
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (what can be used without swapping), or None where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cap() -> int | None:
+    import os
+    raw = os.environ.get(CAP_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise InputError(f"{CAP_ENV}={raw!r} is not a number of gigabytes", hint="e.g. ATOM_MEMORY_GB=16")
+    return int(value * GB)
+
+
+def check_fits(stage: str, need: int, hint: str, *, available: int | None = None) -> None:
+    """Refuse (InputError, exit 2) when `need` bytes exceed the memory available now (at most ATOM_MEMORY_GB);
+    quiet where neither is known."""
+    import os
+    if os.environ.get(SKIP_ENV, "") == "0":
+        return
+    have = available_bytes() if available is None else available
+    cap = _cap()
+    if cap is not None:
+        have = cap if have is None else min(have, cap)
+    if have is None or need <= have:
+        return
+    raise InputError(f"{stage} needs about {need / GB:.1f} GB of memory and {have / GB:.1f} GB is available",
+                     hint=f"{hint}; or set {SKIP_ENV}=0 to try anyway")

@@ -1,0 +1,113 @@
+"""Side by side: the demo preset's SFT under different memory settings, peak resident size and seconds a step.
+
+Each arm is one `atom sft` process on the demo world's SFT set with the demo preset's settings (14 steps of 4 rows,
+up to 2,048 tokens, lr 3e-4, warm-up 0.1) except for the arm's own changes, run under `/usr/bin/time -v` so that
+the peak resident size is the kernel's figure for the whole process. The arms run one after another in one
+invocation (never two at once: two cores), so a change in the machine's load shows in `uptime` lines printed
+between them. It prints a table and the ratios of each arm to the first one.
+
+    python bench/bench_sft_memory.py                      # all arms, one step on the set's 4 longest rows
+    python bench/bench_sft_memory.py --full --steps 14    # the demo's whole SFT for each arm (much longer)
+
+The default is the worst batch: one optimizer step (4 rows) on the SFT set's 4 longest rows, which is where the
+demo's SFT peaks; `--full` trains on the whole set as the demo does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ATOM = [sys.executable, "-m", "atomcli"]
+
+# The demo preset's [sft] (atomcli's DEMO preset) and the arms' changes to it.
+BASE = ["--epochs", "1", "--lr", "3e-4", "--batch-size", "2", "--grad-accum", "2", "--max-length", "2048",
+        "--warmup-ratio", "0.1", "--no-gradient-checkpointing"]
+ARMS = {
+    "today": ([], {}),
+    "batch1": (["--batch-size", "1", "--grad-accum", "4"], {}),
+    "checkpointing": (["--gradient-checkpointing"], {}),
+    "batch1-release": (["--batch-size", "1", "--grad-accum", "4"], {"ATOM_HEAP": "release"}),
+    "today-release": ([], {"ATOM_HEAP": "release"}),
+}
+
+
+def _override(base: list[str], extra: list[str]) -> list[str]:
+    """`base` with each flag in `extra` replacing its earlier value (a flag pair or a bare switch)."""
+    out = list(base)
+    i = 0
+    while i < len(extra):
+        flag = extra[i]
+        takes_value = i + 1 < len(extra) and not extra[i + 1].startswith("--")
+        name = flag.removeprefix("--no-").removeprefix("--")
+        for j, b in enumerate(out):
+            if b.startswith("--") and b.removeprefix("--no-").removeprefix("--") == name:
+                del out[j:j + (2 if j + 1 < len(out) and not out[j + 1].startswith("--") else 1)]
+                break
+        out += extra[i:i + (2 if takes_value else 1)]
+        i += 2 if takes_value else 1
+    return out
+
+
+def run_arm(name: str, data: Path, steps: int, work: Path) -> dict:
+    extra, env_extra = ARMS[name]
+    out = work / f"ckpt-{name}"
+    cmd = ["/usr/bin/time", "-v", *ATOM, "sft", str(data), "--model", "smollm2", "--out", str(out),
+           "--max-steps", str(steps), *_override(BASE, extra)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **env_extra}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"arm {name} failed:\n{proc.stderr[-3000:]}")
+    peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)[1])
+    metrics = json.loads((out / "atom_train.json").read_text()) if (out / "atom_train.json").exists() else {}
+    m = re.search(r"sft: (\d+) steps in ([\d.]+) s, loss ([\d.]+) -> ([\d.]+)", proc.stderr)
+    return {"arm": name, "peak_gb": peak_kb / 2**20, "steps": int(m[1]), "seconds": float(m[2]),
+            "s_per_step": float(m[2]) / int(m[1]), "loss_first": float(m[3]), "loss_last": float(m[4]),
+            "load": os.getloadavg()[0], "metrics_file": bool(metrics)}
+
+
+def _longest(src: Path, dst: Path, n: int) -> Path:
+    """The `n` rows of `src` with the most message text (the SFT's largest batch) written to `dst`."""
+    import pyarrow.parquet as pq
+    table = pq.read_table(src)
+    size = [sum(len(m["content"] or "") for m in ms) for ms in table.column("messages").to_pylist()]
+    pq.write_table(table.take(sorted(range(len(size)), key=lambda i: -size[i])[:n]), dst)
+    return dst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--full", action="store_true", help="the whole SFT set, not its 4 longest rows")
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--world", default="", help="a demo-world folder (made if not given)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        world = Path(args.world) if args.world else work / "world"
+        if not args.world:
+            subprocess.run([*ATOM, "demo-world", "--out", str(world)], check=True, capture_output=True, cwd=ROOT)
+        data = world / "sft.parquet"
+        if not args.full:
+            data = _longest(data, work / "longest.parquet", 4)
+        rows = []
+        for name in args.arms.split(","):
+            print(f"{name}: load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+            rows.append(run_arm(name, data, args.steps, work))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    first = rows[0]
+    print(f"{'arm':16} {'peak GB':>8} {'s/step':>8} {'loss':>15} {'x peak':>7} {'x time':>7} {'load':>5}")
+    for r in rows:
+        print(f"{r['arm']:16} {r['peak_gb']:8.2f} {r['s_per_step']:8.1f} {r['loss_first']:7.4f}>{r['loss_last']:7.4f} "
+              f"{r['peak_gb'] / first['peak_gb']:7.2f} {r['s_per_step'] / first['s_per_step']:7.2f} {r['load']:5.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""The memory estimate of a training stage, and the refusal of a run that cannot fit before its first step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import atom
+
+from atomcli.errors import InputError
+from atomcli.train import memory
+
+SMOL = memory.Shape(params=134_515_008, layers=30, hidden=576, intermediate=1536)
+
+
+def test_checkpointing_and_smaller_batches_lower_the_estimate():
+    full = memory.training_bytes(SMOL, batch_rows=2, tokens_per_row=2048, checkpointing=False)
+    half = memory.training_bytes(SMOL, batch_rows=1, tokens_per_row=2048, checkpointing=False)
+    ckpt = memory.training_bytes(SMOL, batch_rows=2, tokens_per_row=2048, checkpointing=True)
+    lora = memory.training_bytes(SMOL, batch_rows=2, tokens_per_row=2048, checkpointing=False, trainable_params=0)
+    assert ckpt < half < full
+    assert lora < full
+    # activations scale with the tokens of a micro-batch: halving the rows saves the same as halving the length
+    assert half == memory.training_bytes(SMOL, batch_rows=2, tokens_per_row=1024, checkpointing=False)
+
+
+def test_refusal_names_need_availability_and_the_settings_that_lower_it(monkeypatch):
+    monkeypatch.delenv(memory.CAP_ENV, raising=False)
+    monkeypatch.delenv(memory.SKIP_ENV, raising=False)
+    with pytest.raises(InputError) as e:
+        memory.check_fits("sft", 10 * memory.GB, "lower --batch-size", available=4 * memory.GB)
+    line = e.value.one_line()
+    assert "needs about 10.0 GB" in line and "4.0 GB is available" in line and "--batch-size" in line
+    memory.check_fits("sft", 3 * memory.GB, "x", available=4 * memory.GB)  # fits: no error
+    monkeypatch.setenv(memory.CAP_ENV, "2")  # a smaller machine than this one
+    with pytest.raises(InputError):
+        memory.check_fits("sft", 3 * memory.GB, "x", available=4 * memory.GB)
+    monkeypatch.setenv(memory.SKIP_ENV, "0")
+    memory.check_fits("sft", 3 * memory.GB, "x", available=4 * memory.GB)  # the user asked to try anyway
+
+
+def test_a_cap_that_is_not_a_number_is_a_one_line_error(monkeypatch):
+    monkeypatch.setenv(memory.CAP_ENV, "lots")
+    with pytest.raises(InputError, match="ATOM_MEMORY_GB"):
+        memory.check_fits("sft", 1, "x", available=4 * memory.GB)
+
+
+def test_sft_that_cannot_fit_stops_before_training_and_writes_nothing(tiny_model, tmp_path):
+    row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<answer>a</answer>"}]}
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    out = tmp_path / "ckpt"
+    r = atom("sft", str(data), "--model", str(tiny_model), "--out", str(out), "--max-steps", "1",
+             env={memory.CAP_ENV: "0.01"})
+    err = r.stderr.decode()
+    assert r.returncode == 2, err
+    assert "needs about" in err and "--gradient-checkpointing" in err
+    assert "sft: 1 steps" not in err and not out.exists()
