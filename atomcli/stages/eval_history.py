@@ -34,10 +34,10 @@ import orjson
 
 from atomcli.errors import InputError
 from atomcli.stages import compare
+from atomcli.stages.evaluate import HISTORY_WAIT as DEFAULT_WAIT  # noqa: F401  (evaluate_io's default)
 
 FORMAT = 2  # history lines with settings and per-question scores (lines without `format` came earlier)
 LOCK_SUFFIX = ".lock"
-DEFAULT_WAIT = 600.0  # seconds an eval waits for another one writing the same history before refusing
 # rollout settings that cannot move a score: the checkpoint is recorded on its own, the rest only pace requests
 NOT_SETTINGS = ("model", "concurrency", "policy_sync", "policy_version")
 VS = ("first", "previous")

@@ -42,6 +42,7 @@ F1_VARIANTS = metrics.F1_VARIANTS
 UNKNOWN_SOURCE = compare.NO_SOURCE
 FIXED_DATE = "2026-01-01"  # the system prompt's date when nobody sets one: evals must not drift by day
 PER_QUESTION_KEYS = ("f1", "em", "cover_em")
+HISTORY_WAIT = 600.0  # seconds `eval --history` waits for another eval holding the same history (eval_history.locked)
 DIGEST_CHARS = 16  # hex characters of a question's fingerprint (64 bits)
 
 # Metrics averaged per question then over questions, in report order.
