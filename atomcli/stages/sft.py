@@ -82,6 +82,7 @@ def run(table, config: SFTConfig, context):
         context.quiet = True
     model, tok = models.load(config.model, context, trust_remote_code=config.trust_remote_code)
     examples, how = build_examples(table, tok)
+    _check_memory(model, examples, config)
     n_tokens = sum(sum(m) for m in examples["completion_mask"])
     if n_tokens == 0:
         raise InputError("no assistant tokens to train on", column="messages",
@@ -116,6 +117,19 @@ def run(table, config: SFTConfig, context):
                 f"{_fmt(metrics['train_loss_last'])}")
     return checkpoint.TrainResult(model=model, tokenizer=tok, step=0, metrics=metrics,
                                   base=checkpoint.spec_id(config.model))
+
+
+def _check_memory(model, examples: dict, config: SFTConfig) -> None:
+    """Stop before the first step when the largest micro-batch cannot fit the memory available (train/memory.py)."""
+    from atomcli.train import memory
+    longest = min(config.max_length, max((len(ids) for ids in examples["input_ids"]), default=0))
+    if config.pad_multiple > 0:
+        longest = -(-longest // config.pad_multiple) * config.pad_multiple
+    need = memory.training_bytes(memory.Shape.of(model), batch_rows=config.batch_size, tokens_per_row=longest,
+                                 checkpointing=config.gradient_checkpointing,
+                                 trainable_params=0 if config.lora else None)
+    memory.check_fits("sft", need, "lower --batch-size (raise --grad-accum for the same update), turn on "
+                                   "--gradient-checkpointing, or lower --max-length")
 
 
 def _fmt(x):
