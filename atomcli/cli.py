@@ -271,7 +271,7 @@ stage_command("rft", "rft", "RFTConfig", [("input", "Rollout table on training q
 stage_command("grpo-step", "grpo_step", "GRPOConfig", [("data", "Rewarded rollout table.")],
               _checkpoint_stage("grpo-step"),
               extra=[_param("out", Annotated[str, typer.Option("--out", "-o", help="New checkpoint folder.")])])
-from atomcli.stages.eval_history import DEFAULT_WAIT as _EVAL_WAIT  # noqa: E402
+from atomcli.stages.evaluate import HISTORY_WAIT as _EVAL_WAIT  # noqa: E402
 
 stage_command("eval", "evaluate", "EvalConfig", [], _eval_handler, sections=("rollout",), layer=_eval_run_layer,
               extra=[_param("input", Annotated[Optional[str], typer.Argument(
