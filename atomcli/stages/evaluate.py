@@ -229,7 +229,7 @@ def _row_metrics(i: int, answer, gold, variant: str, get: dict, verdicts) -> dic
         "searches_per_question": val("n_search"),
         "browses_per_question": val("n_browse"),
         "tokens_per_question": None if comp is None else len(comp),
-        # loss_mask = 1 exactly on the tokens the policy sampled (DESIGN.md §3)
+        # loss_mask = 1 exactly on the tokens the policy sampled
         "generated_tokens_per_question": None if mask is None else sum(mask),
         "verdict": None if verdicts is None else verdicts[i],
     }
