@@ -238,11 +238,11 @@ def _checkpoint_stage(stage: str):
 
 
 def _eval_handler(cfg, mod, *, input: str | None, out: str | None, markdown: str | None, history: str | None,
-                  compare: str | None, answers: str | None, run: str | None, plot: str | None, vs: str,
-                  wait: float):
+                  compare: str | None, answers: str | None, run: str | None, split: str | None, plot: str | None,
+                  vs: str, wait: float):
     from atomcli.stages import evaluate_io
     evaluate_io.run_to_files(mod, input, cfg, _context(), out=out, markdown=markdown, history=history,
-                             compare=compare, answers=answers, run=run, plot=plot, vs=vs, wait=wait)
+                             compare=compare, answers=answers, run=run, split=split, plot=plot, vs=vs, wait=wait)
 
 
 def _eval_run_layer(kw: dict) -> dict:
@@ -250,7 +250,7 @@ def _eval_run_layer(kw: dict) -> dict:
     if not kw.get("run"):
         return {}
     from atomcli.stages import eval_run
-    return eval_run.sections(kw["run"])
+    return eval_run.sections(kw["run"], kw.get("split") or eval_run.TEST)
 
 
 stage_command("sft", "sft", "SFTConfig", [("data", "Trajectory table or chat JSONL (`messages` column).")],
@@ -279,6 +279,7 @@ stage_command("eval", "evaluate", "EvalConfig", [], _eval_handler, sections=("ro
                               "questions; none with --history alone: show its series).",
                          show_default=False, metavar="INPUT")], None),
                      _param("run", Annotated[Optional[str], typer.Option("--run", help="Evaluate as this run of `atom run-all` evaluates: its questions, search, [rollout] and [eval] settings from RUN/config.json, and its newest checkpoint; --config and flags override.")], None),
+                     _param("split", Annotated[Optional[str], typer.Option("--split", help="With --run: the run's question set, test (default), transfer (its second test set, with its transfer_search) or dev (its held-out training questions).")], None),
                      _param("out", Annotated[Optional[str], typer.Option("--out", "-o", help="Report JSON (`-` = stdout); with --history alone, the series JSON.")], None),
                      _param("markdown", Annotated[Optional[str], typer.Option("--markdown", help="Also write a Markdown report.")], None),
                      _param("history", Annotated[Optional[str], typer.Option("--history", help="Append one JSON line per run (for cron): checkpoint, version, settings digest, per-question scores; a settings change is reported. Alone (no INPUT, no --run): show its series.")], None),

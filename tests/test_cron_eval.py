@@ -127,3 +127,25 @@ def test_newest_checkpoint_order_and_paths_recorded_relative(tmp_path):
     # a path recorded from the folder the run was started in is found inside the run
     assert eval_run.locate("elsewhere/run/world/index.sqlite", str(run)) == str(run / "world" / "index.sqlite")
     assert eval_run.locate("no/such/file", str(run)) == "no/such/file"
+
+
+def test_split_picks_the_runs_other_question_sets_and_their_search(tmp_path):
+    run = tmp_path / "run"
+    (run / "eval" / "transfer").mkdir(parents=True)
+    (run / "atom_run.json").write_text("{}")
+    (run / "config.json").write_text(json.dumps({
+        "run-all": {"search": "local:/idx/world.sqlite", "transfer_search": "local:/idx/real.sqlite", "seed": 3},
+        "rollout": {"k": 3, "max_turns": 4}, "eval": {"max_new_tokens": 192, "force_answer": True}}))
+    for split, search in (("test", "local:/idx/world.sqlite"), ("transfer", "local:/idx/real.sqlite")):
+        sec = eval_run.sections(str(run), split)
+        assert sec["eval"] == {"max_new_tokens": 192, "force_answer": True, "search": search, "seed": 3,
+                               "model": "smollm2"}
+        assert sec["rollout"] == {"k": 3, "max_turns": 4}
+    (run / "eval" / "transfer" / "questions.parquet").write_bytes(b"")
+    assert eval_run.questions(str(run), "transfer") == str(run / "eval" / "transfer" / "questions.parquet")
+    with pytest.raises(InputError, match="no questions for --split dev"):
+        eval_run.questions(str(run), "dev")
+    with pytest.raises(InputError, match="unknown --split"):
+        eval_run.sections(str(run), "train")
+    proc = atom("eval", "--split", "dev", "--out", tmp_path / "r.json", run / "eval" / "transfer" / "questions.parquet")
+    assert proc.returncode == 2 and b"needs --run" in proc.stderr

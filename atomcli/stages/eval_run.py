@@ -1,16 +1,17 @@
 """`atom eval --run RUN`: evaluate the way a run of `atom run-all` evaluates.
 
-The run records its settings in RUN/config.json and its test questions in RUN/eval/questions.parquet
-(already cut to its `eval_limit`). `--run` takes from them exactly what run-all's own evals use
-(run_all.Run): the `[eval]` section, the `[rollout]` section (k, turns, tokens, date, reader,
-search options...), the run's `search` and `seed`, and the questions; and, as the model, the run's
-newest checkpoint:
+The run records its settings in RUN/config.json and the questions of its evals in
+RUN/eval/[SPLIT/]questions.parquet (the test split cut to its `eval_limit`; `--split transfer` the
+second test set, searched with its `transfer_search`; `--split dev` the held-out training questions).
+`--run` takes from them exactly what run-all's own evals use (run_all.Run): the `[eval]` section, the
+`[rollout]` section (k, turns, tokens, date, reader, search options...), the run's search and `seed`,
+and the questions; and, as the model, the run's newest checkpoint:
 
     steps/NNNN/ckpt (the highest step saved) > rft/soup/ckpt > rft/NN/ckpt (the last round) > sft/ >
     the starting model
 
 so that a nightly eval follows a run while it trains, and, once it has finished, scores the checkpoint
-of its last eval point (eval/<eval_point>.json holds the run's own numbers for it). A run with a dev
+of its last eval point (eval/[SPLIT/]<eval_point>.json holds the run's own numbers for it). A run with a dev
 split may have chosen another checkpoint as final (final.json): pass `--model` with that path.
 These settings lie under `--config`, and flags override both.
 
@@ -26,7 +27,9 @@ from pathlib import Path
 from atomcli.errors import InputError
 from atomcli.stages.run_all import layout
 
-QUESTIONS = Path(layout.EVAL) / "questions.parquet"  # run-all writes the test questions of its evals here
+QUESTIONS = "questions.parquet"  # run-all writes each split's questions as eval/[SPLIT/]questions.parquet
+TEST = "test"
+SPLITS = (TEST, layout.TRANSFER, layout.DEV)  # the run's question sets: eval/, eval/transfer/, eval/dev/
 
 
 def read_settings(run: str) -> dict:
@@ -91,35 +94,48 @@ def newest_checkpoint(run: str, settings: dict) -> tuple[str, str]:
     return (locate(model, run) if "/" in model else model), "base"
 
 
-def sections(run: str) -> dict:
-    """The `[eval]` and `[rollout]` settings of the run's evals, with its search, seed, newest checkpoint."""
+def _folder(run: str, split: str) -> Path:
+    if split not in SPLITS:
+        from atomcli.errors import unknown_choice
+        raise unknown_choice("--split", split, SPLITS)
+    return Path(run) / layout.EVAL / ("" if split == TEST else split)
+
+
+def sections(run: str, split: str = TEST) -> dict:
+    """The `[eval]` and `[rollout]` settings of the run's evals of `split`, with its search, seed, newest checkpoint."""
+    _folder(run, split)
     settings = read_settings(run)
     ra = settings["run-all"]
-    if not ra.get("search"):
-        raise InputError("the run records no search SPEC ([run-all] search)", file=str(Path(run) / layout.CONFIG),
-                         hint="pass --search SPEC")
+    key = "transfer_search" if split == layout.TRANSFER else "search"
+    if not ra.get(key):
+        raise InputError(f"the run records no search SPEC for --split {split} ([run-all] {key})",
+                         file=str(Path(run) / layout.CONFIG), hint="pass --search SPEC")
     model, _ = newest_checkpoint(run, settings)
     ev = dict(settings.get("eval") or {})
     # run_all.Run: the [eval] section with the run's search and seed
-    ev.update(search=_locate_spec(ra["search"], run), seed=ra.get("seed", 0), model=model)
+    ev.update(search=_locate_spec(ra[key], run), seed=ra.get("seed", 0), model=model)
     rollout = dict(settings.get("rollout") or {})
     return {"eval": ev, "rollout": rollout}
 
 
-def info(run: str, model: str) -> dict:
-    """What a report records about the run it evaluated: folder, checkpoint, the run's eval of that checkpoint."""
+def info(run: str, model: str, split: str = TEST) -> dict:
+    """What a report records about the run it evaluated: folder, split, checkpoint, the run's eval of that checkpoint."""
     settings = read_settings(run)
     newest, point = newest_checkpoint(run, settings)
-    out = {"folder": run, "checkpoint": model, "newest": newest, "eval_point": point if model == newest else None}
-    report = Path(run) / layout.EVAL / f"{point}.json"
+    out = {"folder": run, "split": split, "checkpoint": model, "newest": newest,
+           "eval_point": point if model == newest else None}
+    report = _folder(run, split) / f"{point}.json"
     if out["eval_point"] and report.is_file():
         out["run_eval"] = str(report)
     return out
 
 
-def questions(run: str) -> str:
-    path = Path(run) / QUESTIONS
+def questions(run: str, split: str = TEST) -> str:
+    path = _folder(run, split) / QUESTIONS
     if not path.is_file():
+        if split != TEST:
+            raise InputError(f"the run has no questions for --split {split}", file=str(path),
+                             hint="a run writes them when it sets transfer_test (transfer) or dev_questions (dev)")
         raise InputError("the run has written no eval questions yet", file=str(path),
                          hint="wait until the run has started, or give the questions file as INPUT")
     return str(path)

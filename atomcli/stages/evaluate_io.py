@@ -32,14 +32,17 @@ COLUMNS = [("n", "n", "n"), ("f1", "F1", "F1"), ("em", "EM", "EM"), ("cover_em",
 
 def run_to_files(mod, input_path: str | None, cfg, ctx, *, out: str | None, markdown: str | None = None,
                  history: str | None = None, compare: str | None = None, answers: str | None = None,
-                 run: str | None = None, plot: str | None = None, vs: str = "first",
+                 run: str | None = None, split: str | None = None, plot: str | None = None, vs: str = "first",
                  wait: float | None = None) -> dict:
     """Read INPUT (or the run's questions), evaluate, write the reports (and with `answers`, the rolled-out
     table); returns the report. Without INPUT and --run: show the --history series (`show_series`)."""
     from atomcli.stages import eval_history, eval_run
     wait = eval_history.DEFAULT_WAIT if wait is None else wait
+    if split and not run:
+        raise InputError("--split picks one of a run's question sets: it needs --run RUN", hint="add --run RUN")
+    split = split or eval_run.TEST
     if input_path is None and run:
-        input_path = eval_run.questions(run)
+        input_path = eval_run.questions(run, split)
     if input_path is None:
         if not history:
             raise InputError("nothing to evaluate: give INPUT, --run RUN, or --history FILE to show its series",
@@ -90,7 +93,7 @@ def run_to_files(mod, input_path: str | None, cfg, ctx, *, out: str | None, mark
         rows, report = done or evaluate()
         report = {"input": name, **report}
         if run:
-            report["run"] = eval_run.info(run, cfg.model)
+            report["run"] = eval_run.info(run, cfg.model, split)
         if baseline is not None:
             from atomcli.stages import compare as cmp
             try:
