@@ -53,11 +53,13 @@ def test_stage_help_reads_like_the_hf_cli():
     assert "╭" not in text  # plain sections, as `hf` prints them
     assert re.search(r"^Arguments:\n  QUESTIONS +FlashRAG questions", text, re.M)
     assert re.search(r"^  --resume +Skip groups", text, re.M)  # a flag: nothing after it
-    assert re.search(r"^  --replay / --no-replay +serve tools only from --cache .*\[default: --no-replay\]", text, re.M)
+    assert "--replay" not in text and re.search(r"more options .* docs/config\.md", text, re.S)  # advanced: hidden
     assert re.search(r"^  --group-size INTEGER +samples per question .*\[default: 4\]", text, re.M)
     assert re.search(r"^  --temperature FLOAT ", text, re.M) and re.search(r"^  -o, --out TEXT ", text, re.M)
     assert "[rollout] section" in text and "\\[" not in text
     assert "[default: ]" not in text  # an empty default is no default
+    sft = atom("sft", "--help", env=ENV, check=True).stdout.decode()
+    assert re.search(r"^  --lora / --no-lora +train a LoRA adapter .*\[default: --no-lora\]", sft, re.M)
 
 
 def test_root_help_lists_commands_and_usage_lines_name_arguments():
