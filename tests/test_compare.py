@@ -137,3 +137,27 @@ def test_cli_compare_refuses_another_benchmark_and_bad_values_with_one_line(tmp_
     err = proc.stderr.decode()
     assert proc.returncode == 2 and "base.json" in err and "question `q2` has `f1` null" in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and not (tmp_path / "r.json").exists()
+
+
+def test_a_baseline_of_other_questions_is_refused_before_any_rollout(tmp_path, monkeypatch):
+    from atomcli.context import Context
+    from atomcli.stages import evaluate, evaluate_io
+    rows = [{"id": f"q{i}", "question": f"mine {i}?", "golden_answers": [f"a{i}"]} for i in range(3)]
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    other = _answered(tmp_path / "other.jsonl", [("x", "x")] * 3)  # q0..q2, other texts
+    monkeypatch.setattr(evaluate, "_roll_out", lambda *a: pytest.fail("rolled out before checking the baseline"))
+    cfg = evaluate.EvalConfig(model="m", search="local:nowhere")
+    monkeypatch.setattr(evaluate_io.plugins, "check_search_spec", lambda spec: None)
+    with pytest.raises(InputError, match="none is the same question"):
+        evaluate_io.run_to_files(evaluate, str(questions), cfg, Context(quiet=True), out=str(tmp_path / "r.json"),
+                                 compare=str(other))
+    # the identities checked before the rollout are the ones the report records after it
+    scored = evaluate.score_table(tableio_read(other))["per_question"]
+    assert evaluate.identities(tableio_read(other)) == {
+        q: {k: v[k] for k in (compare.SOURCE, compare.QUESTION, compare.GOLDS)} for q, v in scored.items()}
+
+
+def tableio_read(path):
+    from atomcli import tableio
+    return tableio.read_table(str(path))

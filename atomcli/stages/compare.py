@@ -73,20 +73,8 @@ def compare_reports(new: dict, base: dict, *, baseline_name: str = "baseline", n
                     seed: int = 0, metrics: tuple[str, ...] = COMPARED) -> dict:
     """The `compare` block of a report: `new` and `base` are reports (or eval history lines) with `per_question`."""
     pn, pb = _per_question(new, "the new report", metrics), _per_question(base, baseline_name, metrics)
-    ids = set(pn) & set(pb)
-    if not ids:
-        raise InputError(f"{baseline_name} has no question id in common with this evaluation",
-                         hint="compare evaluations of the same question file")
-    if new.get("f1_variant") and base.get("f1_variant") and new["f1_variant"] != base["f1_variant"]:
-        raise InputError(f"{baseline_name} was scored with F1 `{base['f1_variant']}`, this one with "
-                         f"`{new['f1_variant']}`", hint="pass the same --f1 to both evaluations")
-    differ = {i: d for i in sorted(ids, key=str) if (d := same_question(pn[i], pb[i]))}
+    ids, differ = pairing(pn, pb, baseline_name, new.get("f1_variant"), base.get("f1_variant"))
     shared = ids - set(differ)
-    if not shared:
-        first = next(iter(differ))
-        raise InputError(f"{baseline_name} shares {len(ids)} question id(s) with this evaluation, but none is the "
-                         f"same question (id `{first}`: the {differ[first]} differs)",
-                         hint="compare evaluations of the same question file")
     sources = sorted({pn[i].get(SOURCE, NO_SOURCE) for i in shared})
     out = {"baseline": baseline_name, "level": LEVEL, "n_boot": n_boot, "n_shared": len(shared),
            "only_new": len(set(pn) - ids), "only_baseline": len(set(pb) - ids),
@@ -101,6 +89,33 @@ def compare_reports(new: dict, base: dict, *, baseline_name: str = "baseline", n
             out["by_source"][s][metric] = paired({i: pn[i][metric] for i in sub}, {i: pb[i][metric] for i in sub},
                                                  n_boot=n_boot, seed=seed)
     return out
+
+
+def pairing(pn: dict, pb: dict, baseline_name: str, new_variant: str | None = None,
+            base_variant: str | None = None) -> tuple[set, dict]:
+    """(the shared ids, {shared id: what differs} for those that name another question); refuses a baseline
+    with no id in common, one scored with another F1, or one none of whose shared ids is the same question.
+    `pn` needs only the identity keys, so the questions can be checked before they are rolled out."""
+    ids = set(pn) & set(pb)
+    if not ids:
+        raise InputError(f"{baseline_name} has no question id in common with this evaluation",
+                         hint="compare evaluations of the same question file")
+    if new_variant and base_variant and new_variant != base_variant:
+        raise InputError(f"{baseline_name} was scored with F1 `{base_variant}`, this one with `{new_variant}`",
+                         hint="pass the same --f1 to both evaluations")
+    differ = {i: d for i in sorted(ids, key=str) if (d := same_question(pn[i], pb[i]))}
+    if len(differ) == len(ids):
+        first = next(iter(differ))
+        raise InputError(f"{baseline_name} shares {len(ids)} question id(s) with this evaluation, but none is the "
+                         f"same question (id `{first}`: the {differ[first]} differs)",
+                         hint="compare evaluations of the same question file")
+    return ids, differ
+
+
+def check_baseline(questions: dict, base: dict, baseline_name: str, variant: str | None = None) -> None:
+    """Refuse a baseline before any rollout: its scores must be numbers and some of its questions these ones
+    (`questions`: identity keys per id, evaluate.identities)."""
+    pairing(questions, _per_question(base, baseline_name), baseline_name, variant, base.get("f1_variant"))
 
 
 def _per_question(report: dict, name: str, metrics: tuple[str, ...] = COMPARED) -> dict:

@@ -204,6 +204,21 @@ def score_table(table, f1_variant: str = metrics.DEFAULT_F1, *, verdicts: list |
     }
 
 
+def identities(table) -> dict:
+    """What makes each question of a table the question it is (compare.same_question), as score_table records it:
+    {id: {source, question digest, golden answers digest}}; for checking a --compare baseline before a rollout."""
+    cols = table.column_names
+    n = table.num_rows
+    get = {c: table.column(c).to_pylist() if c in cols else [None] * n
+           for c in ("id", "question", "golden_answers", "data_source")}
+    out = {}
+    for qid, text, gold, source in zip(get["id"], get["question"], get["golden_answers"], get["data_source"]):
+        gold = sorted(g for g in gold or [] if g is not None and str(g).strip())
+        out.setdefault(qid, {compare.SOURCE: source if source is not None else UNKNOWN_SOURCE,
+                             compare.QUESTION: _digest(text), compare.GOLDS: _digest(gold) if gold else None})
+    return out
+
+
 def _digest(value) -> str | None:
     """A short stable fingerprint of a question's text or its (sorted) golden answers; None when absent."""
     if value is None:

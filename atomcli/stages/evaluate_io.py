@@ -77,6 +77,14 @@ def run_to_files(mod, input_path: str | None, cfg, ctx, *, out: str | None, mark
         plugins.check_search_spec(mod.rollout_config(cfg).search)
     if history:
         eval_history.last(history)  # a damaged history fails before any rollout
+    if baseline is not None and "id" in table.column_names:  # a baseline of other questions fails before it too
+        from atomcli.rewards import metrics
+        from atomcli.stages import compare as cmp
+        try:
+            variant = metrics.f1_scorer(cfg.f1) if cfg.f1 in metrics.F1_VARIANTS else None
+            cmp.check_baseline(mod.identities(table), baseline, compare, variant)
+        except InputError as e:
+            raise e.located(file=compare) from None
 
     def evaluate():
         try:
