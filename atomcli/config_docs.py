@@ -104,6 +104,8 @@ def section_markdown(section: str) -> str:
         if section != "run-all":
             row.insert(1, _flag(section, f.name, typ))
         lines.append("| " + " | ".join(row) + " |")
+    if section == "run-all":
+        lines += ["", *_owned_by_run_all()]
     removed = cfgmod.removed_keys(cls)
     if removed:
         lines += ["", "Removed keys:", ""]
@@ -115,6 +117,18 @@ def section_markdown(section: str) -> str:
                 what = gone.hint if gone.hint.startswith("removed") else f"removed: {gone.hint}"
             lines.append(f"- `{name}`{flag}: {what}")
     return "\n".join(lines) + "\n"
+
+
+def _owned_by_run_all() -> list[str]:
+    """The stage keys run-all sets itself: a stage section may repeat the value, anything else is an error."""
+    from atomcli.stages.run_all.config import OWNED
+    by_source: dict[str, list[str]] = {}
+    for (sec, key), (source, per_step) in OWNED.items():
+        by_source.setdefault(source, []).append(f"[{sec}] `{key}`" + (" *(per step)*" if per_step else ""))
+    lines = ["Stage keys run-all sets from its own (left: the `[run-all]` key). A stage section may repeat one only "
+             "with the same value, and one marked *per step* (it changes as the run goes) not at all: anything "
+             "else is an error, not a silent override.", ""]
+    return lines + [f"- `{source}`: " + ", ".join(keys) for source, keys in by_source.items()]
 
 
 def markdown() -> str:

@@ -42,7 +42,9 @@ def test_every_section_and_key_is_documented_with_type_default_and_help(section)
 def test_run_all_section_comes_from_the_run_all_package():
     from atomcli.stages.run_all import RunAllConfig
     assert config_docs._load("run-all") is RunAllConfig
-    assert "| `rft_rounds` |" in config_docs.section_markdown("run-all")
+    text = config_docs.section_markdown("run-all")
+    assert "| `rft_rounds` |" in text
+    assert "- `judge`: [score-rrm] `judge`" in text  # the stage keys run-all sets itself are listed
 
 
 def _command(name: str):
