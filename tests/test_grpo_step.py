@@ -380,8 +380,11 @@ def test_cli_grpo_step_writes_checkpoint_and_rejects_nan(tiny_model, tmp_path, t
     data = tmp_path / "rewarded.parquet"
     tableio.write_table(make_table(tok, n=3), str(data))
     out = tmp_path / "ckpt"
-    proc = atom("grpo-step", data, "--model", tiny_model, "--out", out, "--lr", "1e-3", check=True)
+    proc = atom("grpo-step", data, "--model", tiny_model, "--out", out, "--lr", "1e-3", check=True,
+                env={"ATOM_DEBUG": ""})
     assert proc.stdout == b""
+    for noise in (b"Warning", b"Loading weights", b"Writing model shards", b"it/s]"):  # atomcli's lines only
+        assert noise not in proc.stderr, noise
     for name in ("config.json", "model.safetensors", "tokenizer.json", "optimizer.pt", "atom_state.json",
                  "metrics.json"):
         assert (out / name).is_file(), name
