@@ -18,7 +18,12 @@ def test_checkpointing_and_smaller_batches_lower_the_estimate():
     half = memory.training_bytes(SMOL, batch_rows=1, tokens_per_row=2048, checkpointing=False)
     ckpt = memory.training_bytes(SMOL, batch_rows=2, tokens_per_row=2048, checkpointing=True)
     lora = memory.training_bytes(SMOL, batch_rows=2, tokens_per_row=2048, checkpointing=False, trainable_params=0)
-    assert ckpt < half < full
+    assert ckpt < full and half < full
+    assert memory.training_bytes(SMOL, batch_rows=1, tokens_per_row=2048, checkpointing=True) < half
+    # the demo SFT's worst batch peaked at 12.9 GB (batch 2), 7.6 GB (batch 1) and 9.7 GB (batch 2, checkpointing)
+    # in bench/bench_sft_memory.py: the estimate must not lie below a measured peak
+    for est, peak in ((full, 12.9), (half, 7.6), (ckpt, 9.7)):
+        assert peak * memory.GB <= est <= 1.3 * peak * memory.GB
     assert lora < full
     # activations scale with the tokens of a micro-batch: halving the rows saves the same as halving the length
     assert half == memory.training_bytes(SMOL, batch_rows=2, tokens_per_row=1024, checkpointing=False)
