@@ -20,7 +20,9 @@ The tokenizer is saved so that transformers 4.x loads it too: transformers 5 rec
 tokenizers as `TokenizersBackend`, a class 4.x does not have; `PreTrainedTokenizerFast` is the
 same class in 5.x (an alias) and the generic fast tokenizer in 4.x (portable_tokenizer_config).
 
-Everything is written into a temporary folder and renamed into place (tableio.atomic_dir).
+Everything is written into a temporary folder and renamed into place (tableio.atomic_dir), every
+file with the umask's mode, the weights too (transformers writes them 0600): a policy server running
+as another user reads them.
 Under torch.distributed only rank 0 writes; what was sharded over ranks (FSDP weights, AdamW
 moments) arrives already gathered (atomcli.train.accel), so the files are the same for any
 launch and any world size resumes them.
