@@ -16,9 +16,10 @@ DEMO = {
     # Sized from measured rates on 2 CPU cores to finish in well under an hour (bench/RESULTS.md).
     # A 135M model needs ~190 tokens for one expert-style turn: a smaller cap cuts tool calls.
     "run-all": {"steps": 1, "questions_per_step": 2, "eval_limit": 20, "judge": "heuristic", "transfer_limit": 10},
-    # Batches of 2 rows, accumulated to 4: the same update as batches of 4 at half the peak memory, which keeps
-    # the learn preset's 2,048-token rows clear of the heap guard on a 24 GB machine.
-    "sft": {"max_steps": 14, "lr": 3e-4, "batch_size": 2, "grad_accum": 2, "max_length": 2048, "warmup_ratio": 0.1,
+    # Rows one at a time, accumulated to 4: the same update as batches of 4 (the loss is normalised over the
+    # accumulated tokens) with a quarter of the activations, so the tour fits a 16 GB laptop; gradient
+    # checkpointing saved less memory on this model and costs a recomputed forward (bench/bench_sft_memory.py).
+    "sft": {"max_steps": 14, "lr": 3e-4, "batch_size": 1, "grad_accum": 4, "max_length": 2048, "warmup_ratio": 0.1,
             "gradient_checkpointing": False},
     "rollout": {"group_size": 4, "max_turns": 4, "max_new_tokens": 192, "k": 3, "temperature": 1.0,
                 "batch_size": 32, "date": "2026-01-01"},
@@ -37,7 +38,8 @@ LEARN = {
     "run-all": {"steps": 0, "questions_per_step": 8, "eval_limit": 0, "eval_every": 4, "eval_base": False,
                 "judge": "heuristic", "curriculum": "balanced", "max_hops": 2, "world_style": "stepwise",
                 "dev_questions": 50, "rft_rounds": 1, "rft_sources": "demo", "rft_group_size": 1},
-    "sft": {**DEMO["sft"], "max_steps": 40, "precision": "bf16"},
+    # batches of 2 accumulated to 4: the settings its results were measured with
+    "sft": {**DEMO["sft"], "batch_size": 2, "grad_accum": 2, "max_steps": 40, "precision": "bf16"},
     "rollout": {**DEMO["rollout"], "group_size": 8, "temperature": 0.7, "precision": "bf16", "batch_size": 50},
     "aggregate-reward": {"truncated": "fail", "process": "ig", "credit": "turn", "schedule": "constant"},
     "score-ig": {"precision": "bf16"},
@@ -52,7 +54,8 @@ LEARN = {
 REAL = {
     "run-all": {"steps": 0, "eval_limit": 50, "eval_base": False, "world_style": "stepwise-real",
                 "rft_rounds": 2, "rft_group_size": 2, "rft_sources": "sqlite", "rft_lr": 1e-4, "rft_soup": True},
-    "sft": {**DEMO["sft"], "max_steps": 0, "epochs": 1.0, "lr": 2e-4, "precision": "bf16", "sampling": "length"},
+    "sft": {**DEMO["sft"], "batch_size": 2, "grad_accum": 2, "max_steps": 0, "epochs": 1.0, "lr": 2e-4,
+            "precision": "bf16", "sampling": "length"},
     "rollout": {**DEMO["rollout"], "group_size": 8, "temperature": 0.7, "precision": "bf16", "batch_size": 50,
                 "search_options": "snippets=query"},
     "rft": {"min_f1": 1.0, "per_question": 1},
