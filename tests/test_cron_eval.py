@@ -51,7 +51,7 @@ def _answers(path: Path) -> dict:
     return dict(zip(t["id"], zip(t["answer"], t["completion_ids"])))
 
 
-@pytest.mark.slow  # a quick run-all (~2-3 min on 2 busy cores), then tiny-model evals
+# one cheap quick run-all (module fixture) serves these three; tiny-model evals after it
 def test_cron_script_measures_what_the_run_measured(cheap_run, tmp_path):
     settings = json.loads((cheap_run / "config.json").read_text())
     assert not Path(settings["run-all"]["search"].split(":", 1)[1]).is_absolute()  # recorded relative to its cwd
@@ -73,7 +73,6 @@ def test_cron_script_measures_what_the_run_measured(cheap_run, tmp_path):
     assert (cheap_run / "cron" / "history.png").stat().st_size > 1000 and b"eval history" in proc.stderr
 
 
-@pytest.mark.slow  # a quick run-all (~2-3 min on 2 busy cores), then tiny-model evals
 def test_a_second_night_is_paired_with_the_first_and_a_changed_setting_is_reported(cheap_run):
     history = cheap_run / "cron" / "history.jsonl"
     nights = [()] * (1 if history.exists() else 2) + [("--max-new-tokens", "8")]
@@ -92,7 +91,6 @@ def test_a_second_night_is_paired_with_the_first_and_a_changed_setting_is_report
     assert points[-1]["settings_changed"] and points[-1]["delta_f1"] is None  # a new curve starts
 
 
-@pytest.mark.slow  # a quick run-all (~2-3 min on 2 busy cores), then tiny-model evals
 def test_explicit_flags_override_the_runs_settings(cheap_run, tmp_path):
     out = tmp_path / "r.json"
     atom("eval", "--run", cheap_run, "--model", cheap_run / "sft", "--limit", "2", "--out", out, check=True)
