@@ -1,4 +1,4 @@
-"""Hardening, round two (docs/RELIABILITY.md, "Round two"): one test group per class of failure.
+"""Hardening by class (docs/RELIABILITY.md, "Guards by class"): one test group per class of failure.
 
 Outputs that destroy inputs or folders, resume that silently mixes runs, deadlines that do not
 hold, keys that travel, terminal output from untrusted text, files that are not ours, and checks

@@ -1,4 +1,4 @@
-"""Reliability, round three (docs/RELIABILITY.md, "Round three"): one test group per class.
+"""Reliability (docs/RELIABILITY.md, "Outputs, comparisons, secrets and turn credit"): one test group per class.
 
 Outputs that are not regular files, keys inside a policy-sync command, terminal escapes from table
 text, turn credit that checks its inputs, checks before the work, files other processes need, and
@@ -169,7 +169,7 @@ def test_a_folder_output_through_a_symlink_replaces_the_folder_not_the_link(tmp_
 
 
 def test_a_rollout_to_a_device_keeps_no_partial_folder_and_refuses_resume(tmp_path):
-    from test_hardening_round2 import QUESTIONS, _questions, _roll
+    from test_hardening_classes import QUESTIONS, _questions, _roll
     link = tmp_path / "null.parquet"
     link.symlink_to("/dev/null")
     _roll(_questions(QUESTIONS), link, resume=False)
