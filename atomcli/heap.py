@@ -160,6 +160,7 @@ def release() -> tuple[float | None, float | None]:
 def start(command: str | None) -> bool:
     """What `atom COMMAND` does first: keep the heap where the policy says so (module docstring); True if kept."""
     chosen = policy()
+    reserve()  # a bad ATOM_HEAP_RESERVE is refused by every command, not only by those that keep the heap
     if chosen == RELEASE:
         return False
     if chosen == AUTO:
