@@ -83,17 +83,23 @@ def reserve() -> float:
     return value
 
 
-def available_share() -> float | None:
-    """MemAvailable / MemTotal from /proc/meminfo, or None where there is none (not Linux)."""
+def meminfo() -> dict[str, int]:
+    """MemTotal and MemAvailable from /proc/meminfo in bytes (what is there of them; empty where there is none)."""
     fields = {}
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
                 key, _, rest = line.partition(":")
                 if key in ("MemTotal", "MemAvailable"):
-                    fields[key] = int(rest.split()[0])
+                    fields[key] = int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
-        return None
+        return {}
+    return fields
+
+
+def available_share() -> float | None:
+    """MemAvailable / MemTotal, or None where there is no /proc/meminfo (not Linux)."""
+    fields = meminfo()
     if not fields.get("MemTotal") or "MemAvailable" not in fields:
         return None
     return fields["MemAvailable"] / fields["MemTotal"]

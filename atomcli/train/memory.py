@@ -64,15 +64,9 @@ def training_bytes(shape: Shape, *, batch_rows: int, tokens_per_row: int, checkp
 
 
 def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (what can be used without swapping), or None where there is none."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    """MemAvailable (what can be used without swapping), or None where it is not known."""
+    from atomcli.heap import meminfo
+    return meminfo().get("MemAvailable")
 
 
 def _cap() -> int | None:
