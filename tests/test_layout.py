@@ -154,7 +154,7 @@ def test_every_module_has_a_docstring_saying_what_it_owns():
 
 
 def test_the_tool_mask_is_applied_inside_the_loss():
-    # README points here: the loss function itself multiplies by loss_mask (no hidden filtering elsewhere)
+    # docs/design.md points here: the loss function itself multiplies by loss_mask (no hidden filtering elsewhere)
     src = (PKG / "train" / "grpo.py").read_text()
     body = src[src.index("def grpo_token_loss("):src.index("\ndef ", src.index("def grpo_token_loss(") + 1)]
     assert "per_token = per_token * mb.loss_mask" in body
