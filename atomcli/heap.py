@@ -13,9 +13,10 @@ trimmed keeps every one of them resident (the learn preset's SFT, batches of 4 x
 24 GB machine). So `retain()` also starts a guard thread: twice a second it reads the machine's available memory,
 and when that falls below ATOM_HEAP_RESERVE (a share of the total, default 0.2) it calls `malloc_trim(0)`, which
 hands the free pages inside the heap back to the system. Pages are re-zeroed only while memory is short; when it is
-not, nothing changes. A guard that trims every step costs what the kept heap saves, so the presets train SFT batches
-of 2 rows accumulated to 4, whose peak leaves the guard nothing to do, and `atom sft` pads batches to a multiple of
-256 tokens (`--pad-multiple`) so the heap sees a few tensor sizes (its effect alone is not measured).
+not, nothing changes. A guard that trims every step costs what the kept heap saves, so the presets train SFT in
+micro-batches (of 1 or 2 rows, accumulated to 4) whose peak leaves the guard nothing to do, and `atom sft` pads
+batches to a multiple of 256 tokens (`--pad-multiple`) so the heap sees a few tensor sizes (its effect alone is not
+measured).
 
 Where it applies: `retain()` is a tune for training on a CPU, where it was measured. `atom` calls `start(command)`
 when it starts, before torch allocates anything, and that retains the heap only for the commands that train
