@@ -1,13 +1,15 @@
-"""Side by side: the demo preset's SFT under different memory settings, peak resident size and seconds a step.
+"""Side by side: a preset's SFT under different memory settings, peak resident size and seconds a step.
 
-Each arm is one `atom sft` process on the demo world's SFT set with the demo preset's settings (14 steps of 4 rows,
-up to 2,048 tokens, lr 3e-4, warm-up 0.1) except for the arm's own changes, run under `/usr/bin/time -v` so that
+Each arm is one `atom sft` process on the preset's world's SFT set with the preset's [sft] settings (demo: rows one
+at a time accumulated to 4, up to 2,048 tokens, fp32, gradient checkpointing; real: batches of 2 x 2,
+bf16, no checkpointing) except for the arm's own changes, run under `/usr/bin/time -v` so that
 the peak resident size is the kernel's figure for the whole process. The arms run one after another in one
 invocation (never two at once: two cores), so a change in the machine's load shows in `uptime` lines printed
 between them. It prints a table and the ratios of each arm to the first one.
 
     python bench/bench_sft_memory.py                      # all arms, one step on the set's 4 longest rows
     python bench/bench_sft_memory.py --full --steps 14    # the demo's whole SFT for each arm (much longer)
+    python bench/bench_sft_memory.py --preset real        # the real preset's SFT (its stepwise-real world)
 
 The default is the worst batch: one optimizer step (4 rows) on the SFT set's 4 longest rows, which is where the
 demo's SFT peaks; `--full` trains on the whole set as the demo does.
@@ -27,16 +29,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ATOM = [sys.executable, "-m", "atomcli"]
 
-# The demo preset's [sft] (atomcli's DEMO preset) and the arms' changes to it.
-BASE = ["--epochs", "1", "--lr", "3e-4", "--batch-size", "2", "--grad-accum", "2", "--max-length", "2048",
-        "--warmup-ratio", "0.1", "--no-gradient-checkpointing"]
+# The demo preset's [sft] (atomcli's DEMO preset) and the arms' changes to it. "before" is the preset as first
+# shipped (batches of 2); "batch1" its rows-one-at-a-time form without checkpointing (the preset at commit 9913753).
+BASE = ["--epochs", "1", "--lr", "3e-4", "--batch-size", "1", "--grad-accum", "4", "--max-length", "2048",
+        "--warmup-ratio", "0.1", "--gradient-checkpointing", "--precision", "fp32"]
 ARMS = {
-    "today": ([], {}),
-    "batch1": (["--batch-size", "1", "--grad-accum", "4"], {}),
-    "checkpointing": (["--gradient-checkpointing"], {}),
-    "batch1-release": (["--batch-size", "1", "--grad-accum", "4"], {"ATOM_HEAP": "release"}),
-    "today-release": ([], {"ATOM_HEAP": "release"}),
+    "before": (["--batch-size", "2", "--grad-accum", "2", "--no-gradient-checkpointing"], {}),
+    "batch1": (["--no-gradient-checkpointing"], {}),
+    "batch1-release": (["--no-gradient-checkpointing"], {"ATOM_HEAP": "release"}),
+    "preset": ([], {}),
+    "preset-release": ([], {"ATOM_HEAP": "release"}),
+    "bf16": (["--precision", "bf16"], {}),
 }
+# The real preset's [sft] (one epoch; --steps bounds it here) and its arms: the same update in micro-batches of one
+# row, with and without gradient checkpointing.
+REAL_BASE = ["--epochs", "1", "--lr", "2e-4", "--batch-size", "2", "--grad-accum", "2", "--max-length", "2048",
+             "--warmup-ratio", "0.1", "--no-gradient-checkpointing", "--precision", "bf16", "--sampling", "length"]
+REAL_ARMS = {
+    "real": ([], {}),
+    "real-batch1": (["--batch-size", "1", "--grad-accum", "4"], {}),
+    "real-batch1-ckpt": (["--batch-size", "1", "--grad-accum", "4", "--gradient-checkpointing"], {}),
+}
+PRESETS = {"demo": (BASE, ARMS, ["--style", "classic"]),
+           "real": (REAL_BASE, REAL_ARMS, ["--style", "stepwise-real", "--snippets", "query"])}
 
 
 def _override(base: list[str], extra: list[str]) -> list[str]:
@@ -56,11 +71,12 @@ def _override(base: list[str], extra: list[str]) -> list[str]:
     return out
 
 
-def run_arm(name: str, data: Path, steps: int, work: Path) -> dict:
-    extra, env_extra = ARMS[name]
+def run_arm(name: str, data: Path, steps: int, work: Path, preset: str = "demo") -> dict:
+    base, arms, _ = PRESETS[preset]
+    extra, env_extra = arms[name]
     out = work / f"ckpt-{name}"
     cmd = ["/usr/bin/time", "-v", *ATOM, "sft", str(data), "--model", "smollm2", "--out", str(out),
-           "--max-steps", str(steps), *_override(BASE, extra)]
+           "--max-steps", str(steps), *_override(base, extra)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **env_extra}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     if proc.returncode != 0:
@@ -86,21 +102,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--full", action="store_true", help="the whole SFT set, not its 4 longest rows")
-    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="demo")
+    ap.add_argument("--arms", default="", help="comma-separated (default: all of the preset's)")
     ap.add_argument("--world", default="", help="a demo-world folder (made if not given)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         world = Path(args.world) if args.world else work / "world"
         if not args.world:
-            subprocess.run([*ATOM, "demo-world", "--out", str(world)], check=True, capture_output=True, cwd=ROOT)
+            subprocess.run([*ATOM, "demo-world", "--out", str(world), *PRESETS[args.preset][2]], check=True,
+                           capture_output=True, cwd=ROOT)
         data = world / "sft.parquet"
         if not args.full:
             data = _longest(data, work / "longest.parquet", 4)
         rows = []
-        for name in args.arms.split(","):
+        for name in (args.arms or ",".join(PRESETS[args.preset][1])).split(","):
             print(f"{name}: load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-            rows.append(run_arm(name, data, args.steps, work))
+            rows.append(run_arm(name, data, args.steps, work, args.preset))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     first = rows[0]
     print(f"{'arm':16} {'peak GB':>8} {'s/step':>8} {'loss':>15} {'x peak':>7} {'x time':>7} {'load':>5}")

@@ -473,3 +473,18 @@ def test_all_zero_advantages_still_step_adamw_like_the_full_update(tiny_model, t
     # AdamW's momentum moves the weights even with a zero gradient; the skip must not change that
     assert _max_diff(weights(fast.model), weights(first.model)) > 1e-5
     assert _max_diff(weights(fast.model), weights(full.model)) < 1e-6
+
+
+def test_cli_grpo_step_that_cannot_fit_stops_before_the_update_and_writes_nothing(tiny_model, tmp_path, tok):
+    data = tmp_path / "rewarded.parquet"
+    tableio.write_table(make_table(tok, n=3), str(data))
+    out = tmp_path / "ckpt"
+    proc = atom("grpo-step", data, "--model", tiny_model, "--out", out, env={"ATOM_MEMORY_GB": "0.01"})
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert "grpo-step needs about" in err and "--micro-batch" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+    # the same update with the check turned off goes through: the refusal came from the estimate, nothing else
+    atom("grpo-step", data, "--model", tiny_model, "--out", out, check=True,
+         env={"ATOM_MEMORY_GB": "0.01", "ATOM_MEMORY_CHECK": "0"})
+    assert (out / "model.safetensors").is_file()

@@ -3,7 +3,9 @@
 A run that does not fit is killed by the kernel in the middle of its first long batch, an hour in for the longer
 presets, with nothing on the screen but "Killed". So `sft` (and run-all's SFT and tunes, which call it) estimates
 its peak from the model's shape and the batch settings before the first step and stops with one line saying what it
-needs, what the machine has available, and which settings lower it.
+needs, what the machine has available, and which settings lower it; `grpo-step` does the same for its largest
+micro-batch (plus a reference model's weights when the KL term needs one). A run on a CUDA device is not checked:
+its activations live in the device's memory, which this arithmetic does not model.
 
 The estimate is arithmetic, not a measurement:
 
@@ -81,6 +83,17 @@ def _cap() -> int | None:
     if value <= 0:
         raise InputError(f"{CAP_ENV}={raw!r} is not a number of gigabytes", hint="e.g. ATOM_MEMORY_GB=16")
     return int(value * GB)
+
+
+def check_training(stage: str, model, *, batch_rows: int, tokens_per_row: int, checkpointing: bool,
+                   trainable_params: int | None = None, extra_bytes: int = 0, hint: str) -> None:
+    """`check_fits` for training `model` on the CPU (a CUDA run is not checked: see the module docstring)."""
+    import torch
+    if torch.cuda.is_available():
+        return
+    need = training_bytes(Shape.of(model), batch_rows=batch_rows, tokens_per_row=tokens_per_row,
+                          checkpointing=checkpointing, trainable_params=trainable_params) + extra_bytes
+    check_fits(stage, need, hint)
 
 
 def check_fits(stage: str, need: int, hint: str, *, available: int | None = None) -> None:

@@ -17,14 +17,15 @@ DEMO = {
     # A 135M model needs ~190 tokens for one expert-style turn: a smaller cap cuts tool calls.
     "run-all": {"steps": 1, "questions_per_step": 2, "eval_limit": 20, "judge": "heuristic", "transfer_limit": 10},
     # Rows one at a time, accumulated to 4: the same update as batches of 4 (the loss is normalised over the
-    # accumulated tokens) with a quarter of the activations, so the tour fits a 16 GB laptop; gradient
-    # checkpointing saved less memory on this model and costs a recomputed forward (bench/bench_sft_memory.py).
+    # accumulated tokens) with a quarter of the activations; gradient checkpointing keeps one layer's activations
+    # instead of thirty (the same losses, a recomputed forward), so the tour fits a 16 GB laptop. fp32 throughout:
+    # bf16 autocast made this short SFT a worse agent (bench/RESULTS.md).
     "sft": {"max_steps": 14, "lr": 3e-4, "batch_size": 1, "grad_accum": 4, "max_length": 2048, "warmup_ratio": 0.1,
-            "gradient_checkpointing": False},
+            "gradient_checkpointing": True},
     "rollout": {"group_size": 4, "max_turns": 4, "max_new_tokens": 192, "k": 3, "temperature": 1.0,
                 "batch_size": 32, "date": "2026-01-01"},
     "aggregate-reward": {},
-    "grpo-step": {"lr": 5e-6, "beta": 0.0, "micro_batch": 4, "gradient_checkpointing": False},
+    "grpo-step": {"lr": 5e-6, "beta": 0.0, "micro_batch": 4, "gradient_checkpointing": True},
     "eval": {"max_turns": 4, "max_new_tokens": 192},
 }
 # The learning study's recipe: a longer SFT on the stepwise world (its expert restates the question after each
@@ -39,7 +40,8 @@ LEARN = {
                 "judge": "heuristic", "curriculum": "balanced", "max_hops": 2, "world_style": "stepwise",
                 "dev_questions": 50, "rft_rounds": 1, "rft_sources": "demo", "rft_group_size": 1},
     # batches of 2 accumulated to 4: the settings its results were measured with
-    "sft": {**DEMO["sft"], "batch_size": 2, "grad_accum": 2, "max_steps": 40, "precision": "bf16"},
+    "sft": {**DEMO["sft"], "batch_size": 2, "grad_accum": 2, "max_steps": 40, "precision": "bf16",
+            "gradient_checkpointing": False},
     "rollout": {**DEMO["rollout"], "group_size": 8, "temperature": 0.7, "precision": "bf16", "batch_size": 50},
     "aggregate-reward": {"truncated": "fail", "process": "ig", "credit": "turn", "schedule": "constant"},
     "score-ig": {"precision": "bf16"},
@@ -55,7 +57,7 @@ REAL = {
     "run-all": {"steps": 0, "eval_limit": 50, "eval_base": False, "world_style": "stepwise-real",
                 "rft_rounds": 2, "rft_group_size": 2, "rft_sources": "sqlite", "rft_lr": 1e-4, "rft_soup": True},
     "sft": {**DEMO["sft"], "batch_size": 2, "grad_accum": 2, "max_steps": 0, "epochs": 1.0, "lr": 2e-4,
-            "precision": "bf16", "sampling": "length"},
+            "precision": "bf16", "sampling": "length", "gradient_checkpointing": False},
     "rollout": {**DEMO["rollout"], "group_size": 8, "temperature": 0.7, "precision": "bf16", "batch_size": 50,
                 "search_options": "snippets=query"},
     "rft": {"min_f1": 1.0, "per_question": 1},

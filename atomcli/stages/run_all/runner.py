@@ -64,12 +64,19 @@ class Run:
         if (out / "config.json").exists():
             return
         self.log(f"{stage} ({cfg.model}) -> {out.relative_to(self.out)}")
+        self.release_heap()
         envelope.table_to_checkpoint(stage, mod, cfg, str(inp), str(out), self.ctx)
         self.ctx.forget_models()
+        self.release_heap(f"after {stage}")
+
+    def release_heap(self, when: str = "") -> None:
+        """Hand the heap's free pages back (heap.release) around each training stage: the sampling before it leaves
+        holes sized for KV caches, the training leaves holes sized for activations, and a kept heap would carry
+        both into the next stage's peak."""
         from atomcli import heap
-        before, after = heap.release()  # the training heap's holes are of no use to the sampling that follows
-        if before is not None and after is not None:
-            self.log(f"heap released after {stage}: resident {before:,.0f} -> {after:,.0f} MB")
+        before, after = heap.release()
+        if when and before is not None and after is not None:
+            self.log(f"heap released {when}: resident {before:,.0f} -> {after:,.0f} MB")
 
     def grpo_stage(self, t: int, cfg, inp: Path, out: Path) -> dict:
         """grpo-step on the resident policy (atomcli.train.resident): it continues in memory, and its
@@ -84,12 +91,14 @@ class Run:
         save = (t + 1) % self.save_every == 0 or t + 1 == self.cfg.steps or \
             bool(self.cfg.dev_questions and self.is_eval_point(t))
         self.log(f"grpo-step ({cfg.model}) -> {out.relative_to(self.out)}{'' if save else ' (in memory)'}")
+        self.release_heap()
         result = envelope.train_from_table("grpo-step", grpo_step, cfg, str(inp), str(out), self.ctx)
         self.ctx.resident = after_update(self.ctx.resident, cfg.model, str(out), result, cfg)
         if save:
             checkpoint.save(result, str(out), stage="grpo-step", config=cfg, context=self.ctx,
                             state=self.ctx.resident.state)
         self.ctx.forget_models()  # models loaded from disk (the SFT checkpoint's sampler) are not needed again
+        self.release_heap()
         return json.loads(json.dumps(schema._jsonable(result.metrics)))
 
     def evaluate(self, name: str, model: str, *, split: str = "") -> dict:
