@@ -73,3 +73,19 @@ def test_preallocated_buffers_are_filled_after_the_past():
     keys, values = layer.update(torch.full((1, 2, 2, 4), 2.0), torch.full((1, 2, 2, 4), 2.0))
     assert keys.shape[-2] == 5 and layer._k is k
     assert keys[0, 0, :, 0].tolist() == [1.0, 1.0, 1.0, 2.0, 2.0]
+
+
+def test_dropping_rows_moves_the_kept_ones_down_in_the_same_buffer():
+    k = torch.arange(4 * 2 * 8 * 3, dtype=torch.float32).reshape(4, 2, 8, 3)
+    v = -k
+    layer = GrowLayer(k.clone(), v.clone(), 5)
+    buffer = layer._k
+    layer.batch_select_indices(torch.tensor([1, 3]))  # rows 0 and 2 finished
+    assert layer._k.data_ptr() == buffer.data_ptr() and layer.get_seq_length() == 5
+    assert torch.equal(layer.keys, k[[1, 3], :, :5]) and torch.equal(layer.values, v[[1, 3], :, :5])
+    keys, _ = layer.update(torch.ones(2, 2, 1, 3), torch.ones(2, 2, 1, 3))
+    assert torch.equal(keys[:, :, :5], k[[1, 3], :, :5]) and bool((keys[:, :, 5] == 1).all())
+    # another order (or a repeated row) is a gather into a new buffer, as DynamicLayer does it
+    layer.batch_select_indices(torch.tensor([1, 0, 0]))
+    assert layer._k.data_ptr() != buffer.data_ptr()
+    assert torch.equal(layer.keys[:, :, :5], k[[3, 1, 1], :, :5])

@@ -82,7 +82,23 @@ class GrowLayer(DynamicLayer):
         return self._n
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows `indices`. Rows kept in their order (the engine dropping finished rows) move down inside
+        the buffer, filled slots only; any other selection copies. A new full-capacity buffer at every finished row
+        was 7% of a rollout's time (50 rows up to 2k tokens deep, bf16)."""
         self._sync()
-        if self._k is not None:
+        if self._k is None:
+            return
+        idx = [int(i) for i in indices.tolist()]
+        if not idx or idx[0] < 0 or idx[-1] >= self._k.shape[0] or any(a >= b for a, b in zip(idx, idx[1:])):
             self._k, self._v = self._k[indices], self._v[indices]
             self._expose()
+            return
+        moved = [(p, j) for p, j in enumerate(idx) if p != j]
+        if moved:
+            dst = torch.tensor([p for p, _ in moved], device=self._k.device)
+            src = torch.tensor([j for _, j in moved], device=self._k.device)
+            n = self._n
+            self._k[dst, :, :n] = self._k[src, :, :n]  # the right side is gathered first: overlapping rows are safe
+            self._v[dst, :, :n] = self._v[src, :, :n]
+        self._k, self._v = self._k[:len(idx)], self._v[:len(idx)]
+        self._expose()
