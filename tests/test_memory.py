@@ -61,3 +61,29 @@ def test_sft_that_cannot_fit_stops_before_training_and_writes_nothing(tiny_model
     assert r.returncode == 2, err
     assert "needs about" in err and "--gradient-checkpointing" in err
     assert "sft: 1 steps" not in err and not out.exists()
+
+
+def test_grpo_estimate_lies_above_the_demo_update_and_fits_a_16_gb_laptop():
+    # the demo's GRPO update (4 rows padded to 1,072 tokens, checkpointing) took its process to 4.49 million kB
+    est = memory.training_bytes(SMOL, batch_rows=4, tokens_per_row=1072, checkpointing=True,
+                                checkpointed_share=memory.GRPO_CHECKPOINTED_SHARE)
+    assert 4.49e6 * 1024 <= est <= 8 * memory.GB
+    sft_share = memory.training_bytes(SMOL, batch_rows=4, tokens_per_row=1072, checkpointing=True)
+    assert sft_share > 11 * memory.GB  # what the SFT-fitted share would have asked for
+
+
+def test_what_the_process_already_holds_counts_as_usable(monkeypatch):
+    import types
+
+    import torch
+
+    from atomcli import heap
+    tiny = types.SimpleNamespace(config=types.SimpleNamespace(num_hidden_layers=2, hidden_size=8, intermediate_size=16),
+                                 parameters=lambda: [torch.zeros(10)])
+    need = memory.training_bytes(memory.Shape.of(tiny), batch_rows=1, tokens_per_row=16, checkpointing=False)
+    monkeypatch.setattr(memory, "available_bytes", lambda: need - memory.GB // 2)   # short by half a GB...
+    monkeypatch.setattr(heap, "resident_mb", lambda: 1024.0)                         # ...that the process holds
+    memory.check_training("sft", tiny, batch_rows=1, tokens_per_row=16, checkpointing=False, hint="x")
+    monkeypatch.setattr(heap, "resident_mb", lambda: 0.0)
+    with pytest.raises(InputError, match="sft needs about"):
+        memory.check_training("sft", tiny, batch_rows=1, tokens_per_row=16, checkpointing=False, hint="x")
