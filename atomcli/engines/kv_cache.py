@@ -88,7 +88,7 @@ class GrowLayer(DynamicLayer):
         self._sync()
         if self._k is None:
             return
-        idx = [int(i) for i in indices.tolist()]
+        idx = indices.tolist()
         if not idx or idx[0] < 0 or idx[-1] >= self._k.shape[0] or any(a >= b for a, b in zip(idx, idx[1:])):
             self._k, self._v = self._k[indices], self._v[indices]
             self._expose()

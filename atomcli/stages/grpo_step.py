@@ -323,8 +323,9 @@ def _check_memory(model, mbs, config: GRPOConfig, policy) -> None:
     ref = 4 * memory.Shape.of(model).params if config.beta > 0 and not policy.ref_is_adapter_off else 0
     memory.check_training("grpo-step", model, batch_rows=rows, tokens_per_row=length,
                           checkpointing=config.gradient_checkpointing, trainable_params=0 if config.lora else None,
-                          checkpointed_share=memory.GRPO_CHECKPOINTED_SHARE, extra_bytes=ref, hint="lower --micro-batch, turn on --gradient-checkpointing, or roll out "
-                                                "shorter trajectories (--max-turns, --max-new-tokens)")
+                          checkpointed_share=memory.GRPO_CHECKPOINTED_SHARE, extra_bytes=ref,
+                          hint="lower --micro-batch, turn on --gradient-checkpointing, or roll out shorter "
+                               "trajectories (--max-turns, --max-new-tokens)")
 
 
 def _check_config(config: GRPOConfig) -> None:

@@ -92,29 +92,31 @@ def _cap() -> int | None:
 def check_training(stage: str, model, *, batch_rows: int, tokens_per_row: int, checkpointing: bool,
                    trainable_params: int | None = None, checkpointed_share: float = CHECKPOINTED_SHARE,
                    extra_bytes: int = 0, hint: str) -> None:
-    """`check_fits` for training `model` on the CPU (a CUDA run is not checked: see the module docstring). The
-    estimate is the whole process's peak, so what the process already holds (the model, a run-all's earlier
-    stages) counts as usable next to the machine's available memory."""
+    """`check_fits` for training `model` on the CPU (a CUDA run is not checked: see the module docstring)."""
     import torch
-
-    from atomcli.heap import resident_mb
     if torch.cuda.is_available():
         return
     need = training_bytes(Shape.of(model), batch_rows=batch_rows, tokens_per_row=tokens_per_row,
                           checkpointing=checkpointing, trainable_params=trainable_params,
                           checkpointed_share=checkpointed_share) + extra_bytes
-    free, held = available_bytes(), resident_mb()
-    have = None if free is None else free + int((held or 0) * 2**20)
-    check_fits(stage, need, hint, available=have)
+    check_fits(stage, need, hint)
+
+
+def usable_bytes() -> int | None:
+    """What a training stage of this process can reach: MemAvailable plus what the process already holds (the
+    model, run-all's earlier stages), since the estimate is of the whole process's peak; None where not known."""
+    from atomcli.heap import resident_mb
+    free = available_bytes()
+    return None if free is None else free + int((resident_mb() or 0) * 2**20)
 
 
 def check_fits(stage: str, need: int, hint: str, *, available: int | None = None) -> None:
-    """Refuse (InputError, exit 2) when `need` bytes exceed the memory available now (at most ATOM_MEMORY_GB);
-    quiet where neither is known."""
+    """Refuse (InputError, exit 2) when `need` bytes exceed the memory usable now (`usable_bytes`, at most
+    ATOM_MEMORY_GB); quiet where neither is known."""
     import os
     if os.environ.get(SKIP_ENV, "") == "0":
         return
-    have = available_bytes() if available is None else available
+    have = usable_bytes() if available is None else available
     cap = _cap()
     if cap is not None:
         have = cap if have is None else min(have, cap)
