@@ -10,6 +10,11 @@ between them. It prints a table and the ratios of each arm to the first one.
     python bench/bench_sft_memory.py                      # all arms, one step on the set's 4 longest rows
     python bench/bench_sft_memory.py --full --steps 14    # the demo's whole SFT for each arm (much longer)
     python bench/bench_sft_memory.py --preset real        # the real preset's SFT (its stepwise-real world)
+    python bench/bench_sft_memory.py --preset real --arms real-baseline,real --baseline f14b056 --full --steps 8
+                                                          # today's code against an older commit's, same settings
+
+An arm marked "baseline" runs `atom` from a git worktree of `--baseline` (made in the temporary folder), so a change
+in the code is compared side by side with the code before it on the same data and settings.
 
 The default is the worst batch: one optimizer step (4 rows) on the SFT set's 4 longest rows, which is where the
 demo's SFT peaks; `--full` trains on the whole set as the demo does.
@@ -47,6 +52,7 @@ REAL_BASE = ["--epochs", "1", "--lr", "2e-4", "--batch-size", "2", "--grad-accum
              "--warmup-ratio", "0.1", "--no-gradient-checkpointing", "--precision", "bf16", "--sampling", "length"]
 REAL_ARMS = {
     "real": ([], {}),
+    "real-baseline": ([], {"code": "baseline"}),
     "real-batch1": (["--batch-size", "1", "--grad-accum", "4"], {}),
     "real-batch1-ckpt": (["--batch-size", "1", "--grad-accum", "4", "--gradient-checkpointing"], {}),
 }
@@ -71,14 +77,15 @@ def _override(base: list[str], extra: list[str]) -> list[str]:
     return out
 
 
-def run_arm(name: str, data: Path, steps: int, work: Path, preset: str = "demo") -> dict:
+def run_arm(name: str, data: Path, steps: int, work: Path, preset: str = "demo", code: Path = ROOT) -> dict:
     base, arms, _ = PRESETS[preset]
     extra, env_extra = arms[name]
+    env_extra = {k: v for k, v in env_extra.items() if k != "code"}
     out = work / f"ckpt-{name}"
     cmd = ["/usr/bin/time", "-v", *ATOM, "sft", str(data), "--model", "smollm2", "--out", str(out),
            "--max-steps", str(steps), *_override(base, extra)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **env_extra}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **env_extra, "PYTHONPATH": str(code)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=code)
     if proc.returncode != 0:
         raise SystemExit(f"arm {name} failed:\n{proc.stderr[-3000:]}")
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)[1])
@@ -98,6 +105,16 @@ def _longest(src: Path, dst: Path, n: int) -> Path:
     return dst
 
 
+def _worktree(rev: str, dst: Path) -> Path:
+    """A detached git worktree of `rev` at `dst` (removed again when the bench ends)."""
+    if not rev:
+        raise SystemExit("an arm runs the baseline code: name its commit with --baseline REV")
+    subprocess.run(["git", "worktree", "add", "--detach", str(dst), rev], check=True, cwd=ROOT, capture_output=True)
+    import atexit
+    atexit.register(subprocess.run, ["git", "worktree", "remove", "--force", str(dst)], cwd=ROOT, capture_output=True)
+    return dst
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1)
@@ -105,6 +122,7 @@ def main() -> None:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="demo")
     ap.add_argument("--arms", default="", help="comma-separated (default: all of the preset's)")
     ap.add_argument("--world", default="", help="a demo-world folder (made if not given)")
+    ap.add_argument("--baseline", default="", help="the commit that arms marked baseline run (a git worktree)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -116,9 +134,13 @@ def main() -> None:
         if not args.full:
             data = _longest(data, work / "longest.parquet", 4)
         rows = []
-        for name in (args.arms or ",".join(PRESETS[args.preset][1])).split(","):
+        names = (args.arms or ",".join(PRESETS[args.preset][1])).split(",")
+        old = _worktree(args.baseline, work / "baseline") if any(
+            PRESETS[args.preset][1][n][1].get("code") for n in names) else ROOT
+        for name in names:
             print(f"{name}: load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-            rows.append(run_arm(name, data, args.steps, work, args.preset))
+            code = old if PRESETS[args.preset][1][name][1].get("code") else ROOT
+            rows.append(run_arm(name, data, args.steps, work, args.preset, code))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     first = rows[0]
     print(f"{'arm':16} {'peak GB':>8} {'s/step':>8} {'loss':>15} {'x peak':>7} {'x time':>7} {'load':>5}")

@@ -90,10 +90,12 @@ def run(table, config: SFTConfig, context):
     context.log(f"sft: {len(examples['input_ids'])} rows ({how}), {n_tokens} trained tokens")
 
     from atomcli.progress import Progress
+    from atomcli.train import labelled_head
     trainer, out_dir = _trainer(model, tok, examples, config)
     t0 = time.perf_counter()
     try:
-        with contextlib.redirect_stdout(sys.stderr), Progress(context, "sft", None, "steps") as progress:
+        with labelled_head.labelled_positions_only(), contextlib.redirect_stdout(sys.stderr), \
+                Progress(context, "sft", None, "steps") as progress:
             trainer.add_callback(progress_callback(progress))  # stdout is data: anything TRL prints goes to stderr
             trainer.train()
     finally:
