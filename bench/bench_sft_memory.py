@@ -43,6 +43,7 @@ ARMS = {
     "batch1": (["--no-gradient-checkpointing"], {}),
     "batch1-release": (["--no-gradient-checkpointing"], {"ATOM_HEAP": "release"}),
     "preset": ([], {}),
+    "preset-baseline": ([], {"code": "baseline"}),
     "preset-release": ([], {"ATOM_HEAP": "release"}),
     "bf16": (["--precision", "bf16"], {}),
 }

@@ -224,6 +224,17 @@ def test_rft_soup_with_one_round_goes_on_from_that_round(tmp_path):
     assert any(c[0] == "log" and "nothing to average" in c[1] for c in run.calls)
 
 
+@pytest.mark.parametrize("soup_on, point", [(True, "rft-soup"), (False, "rft-02")])
+def test_without_round_evals_only_the_rounds_result_is_evaluated(tmp_path, soup_on, point):
+    run = _with_weights(FakeRun(tmp_path, rounds=2))
+    run.cfg = dataclasses.replace(run.cfg, rft_soup=soup_on, rft_eval_rounds=False)
+    last = run_rft.rounds(run, _train(tmp_path), [3, 4, 5, 6, 7, 8], "SFT")
+    assert last == str(tmp_path / "rft" / ("soup" if soup_on else "02") / "ckpt")
+    assert [c for c in run.calls if c[0] in ("eval", "transfer")] == [("eval", point, last),
+                                                                       ("transfer", point, last)]
+    assert [c[0] for c in run.calls if c[0] in ("rollout", "sft")] == ["rollout", "sft"] * 2
+
+
 def test_a_soup_refuses_ingredients_that_cannot_be_averaged(tmp_path):
     import torch
     from safetensors.torch import save_file

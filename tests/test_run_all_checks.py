@@ -67,6 +67,7 @@ def test_each_presets_help_says_what_its_sections_run(name):
     if rounds:
         assert {1: "one rejection-sampling round", 2: "two rejection-sampling rounds"}[rounds] in text
     assert ("averaged" in text) == bool(ra.get("rft_soup"))
+    assert ("evals of the SFT and the soup" in text) == (ra.get("rft_eval_rounds") is False)
     assert not re.search(r"\d\.\d|session|issue", text)  # no measured numbers, no development history
 
 

@@ -64,6 +64,9 @@ class RunAllConfig:
                                "comma-separated (sqlite: the real benchmark's); empty = every training question")
     rft_lr: float = opt(1e-4, "with rft_rounds: the learning rate of each round's epoch from the SFT checkpoint",
                         advanced=True)
+    rft_eval_rounds: bool = opt(True, "with rft_rounds: evaluate every round's checkpoint (rft-NN); off = only the "
+                                      "rounds' result is an eval point (the soup, or the last round without one), "
+                                      "which saves one eval per other round", advanced=True)
     rft_soup: bool = opt(False, "with rft_rounds of 2 or more: average the rounds' checkpoints (all tuned from the "
                                 "SFT checkpoint) weight by weight into rft/soup/ckpt, an eval point (rft-soup) and "
                                 "the checkpoint the rounds hand on (atomcli/train/soup.py)")

@@ -106,8 +106,10 @@ def stages_done(run_dir: Path, settings: dict, metrics: list[dict], evals, trans
         if kept is None:
             what += "; none was right, so the rounds stopped."
         else:
+            point = f"rft-{d.name}"
+            evaluated = f" (eval {point})" if (run_dir / layout.EVAL / f"{point}.json").is_file() else ""
             what += (f", kept {kept} right ones (`atom rft`); tuned the SFT checkpoint one epoch on the {rows} kept "
-                     f"rows of rounds 1-{int(d.name)}: `{layout.RFT_ROOT}/{d.name}/ckpt` (eval rft-{d.name}).")
+                     f"rows of rounds 1-{int(d.name)}: `{layout.RFT_ROOT}/{d.name}/ckpt`{evaluated}.")
         out.append(what)
     if (run_dir / layout.RFT_ROOT / layout.SOUP / "ckpt" / "config.json").is_file():
         out.append(f"- **Soup**: averaged the rounds' checkpoints weight by weight: "

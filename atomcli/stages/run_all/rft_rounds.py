@@ -8,7 +8,8 @@ Round N writes rft/NN/ in the run folder:
     rows.parquet       the kept rows of rounds 1..N
     ckpt/              the SFT checkpoint fine-tuned one epoch at rft_lr on rows.parquet
 
-and its checkpoint is an eval point (`rft-NN`: test and dev evals, and transfer when the run has no dev split).
+and its checkpoint is an eval point (`rft-NN`: test and dev evals, and transfer when the run has no dev split);
+with rft_eval_rounds off only the rounds' result is one (the soup, or the last round without it).
 Each round fine-tunes from the SFT checkpoint, not from the last round's, as STaR does: the rows of earlier
 rounds are trained once, in one epoch with the new ones, instead of once more every round. The later rounds
 sample only what is still unsolved, so they add questions rather than second answers to the easy ones.
@@ -70,7 +71,7 @@ def rounds(run, train, rows: list[int], model: str) -> str:
     cfg, start = run.cfg, model
     ids = train.column("id").to_pylist()
     solved: set = set()
-    tuned: list[str] = []  # the rounds' checkpoints, for rft_soup
+    tuned: list[tuple[int, str]] = []  # (round, checkpoint) of each tuned round, for rft_soup
     for r in range(1, cfg.rft_rounds + 1):
         d = run.out / ROOT / f"{r:02d}"
         questions, rollouts, kept = d / "questions.parquet", d / "rollouts.parquet", d / "kept.parquet"
@@ -98,15 +99,22 @@ def rounds(run, train, rows: list[int], model: str) -> str:
         tune = dataclasses.replace(run.sft, model=start, lr=cfg.rft_lr, epochs=1.0, max_steps=0, sampling="random")
         run.train_stage("sft", sft, tune, data, d / "ckpt")
         model = str(d / "ckpt")
-        run.eval_point(f"rft-{r:02d}", model)
-        if not cfg.dev_questions:  # with a dev split only the final checkpoint's transfer is run
-            run.evaluate_transfer(f"rft-{r:02d}", model)
-        tuned.append(model)
+        if cfg.rft_eval_rounds:
+            evaluate_round(run, r, model)
+        tuned.append((r, model))
     if cfg.rft_soup and len(tuned) >= 2:
-        model = soup(run, tuned)
-    elif cfg.rft_soup:
+        return soup(run, [m for _, m in tuned])
+    if cfg.rft_soup:
         run.log(f"[yellow]rft_soup:[/] {len(tuned)} round checkpoint, nothing to average; going on from {model}")
+    if tuned and not cfg.rft_eval_rounds:  # the rounds' result is always an eval point
+        evaluate_round(run, *tuned[-1])
     return model
+
+
+def evaluate_round(run, r: int, model: str) -> None:
+    run.eval_point(f"rft-{r:02d}", model)
+    if not run.cfg.dev_questions:  # with a dev split only the final checkpoint's transfer is run
+        run.evaluate_transfer(f"rft-{r:02d}", model)
 
 
 def soup(run, tuned: list[str]) -> str:
