@@ -43,7 +43,7 @@ ARMS = {
     "batch1": (["--no-gradient-checkpointing"], {}),
     "batch1-release": (["--no-gradient-checkpointing"], {"ATOM_HEAP": "release"}),
     "preset": ([], {}),
-    "preset-baseline": ([], {"code": "baseline"}),
+    "preset-baseline": ([], {}),
     "preset-release": ([], {"ATOM_HEAP": "release"}),
     "bf16": (["--precision", "bf16"], {}),
 }
@@ -53,10 +53,12 @@ REAL_BASE = ["--epochs", "1", "--lr", "2e-4", "--batch-size", "2", "--grad-accum
              "--warmup-ratio", "0.1", "--no-gradient-checkpointing", "--precision", "bf16", "--sampling", "length"]
 REAL_ARMS = {
     "real": ([], {}),
-    "real-baseline": ([], {"code": "baseline"}),
+    "real-baseline": ([], {}),
     "real-batch1": (["--batch-size", "1", "--grad-accum", "4"], {}),
     "real-batch1-ckpt": (["--batch-size", "1", "--grad-accum", "4", "--gradient-checkpointing"], {}),
 }
+# Arms that run the preset's settings on the code of --baseline (a git worktree), to compare a change side by side.
+BASELINE_ARMS = {"preset-baseline", "real-baseline"}
 PRESETS = {"demo": (BASE, ARMS, ["--style", "classic"]),
            "real": (REAL_BASE, REAL_ARMS, ["--style", "stepwise-real", "--snippets", "query"])}
 
@@ -81,7 +83,6 @@ def _override(base: list[str], extra: list[str]) -> list[str]:
 def run_arm(name: str, data: Path, steps: int, work: Path, preset: str = "demo", code: Path = ROOT) -> dict:
     base, arms, _ = PRESETS[preset]
     extra, env_extra = arms[name]
-    env_extra = {k: v for k, v in env_extra.items() if k != "code"}
     out = work / f"ckpt-{name}"
     cmd = ["/usr/bin/time", "-v", *ATOM, "sft", str(data), "--model", "smollm2", "--out", str(out),
            "--max-steps", str(steps), *_override(base, extra)]
@@ -107,12 +108,11 @@ def _longest(src: Path, dst: Path, n: int) -> Path:
 
 
 def _worktree(rev: str, dst: Path) -> Path:
-    """A detached git worktree of `rev` at `dst` (removed again when the bench ends)."""
+    """A detached git worktree of `rev` at `dst` (main removes it when the arms are done)."""
     if not rev:
-        raise SystemExit("an arm runs the baseline code: name its commit with --baseline REV")
+        raise SystemExit(f"the arms {', '.join(sorted(BASELINE_ARMS))} run older code: name its commit with "
+                         "--baseline REV")
     subprocess.run(["git", "worktree", "add", "--detach", str(dst), rev], check=True, cwd=ROOT, capture_output=True)
-    import atexit
-    atexit.register(subprocess.run, ["git", "worktree", "remove", "--force", str(dst)], cwd=ROOT, capture_output=True)
     return dst
 
 
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--full", action="store_true", help="the whole SFT set, not its 4 longest rows")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="demo")
-    ap.add_argument("--arms", default="", help="comma-separated (default: all of the preset's)")
+    ap.add_argument("--arms", default="", help="comma-separated (default: the preset's arms on today's code)")
     ap.add_argument("--world", default="", help="a demo-world folder (made if not given)")
     ap.add_argument("--baseline", default="", help="the commit that arms marked baseline run (a git worktree)")
     args = ap.parse_args()
@@ -135,14 +135,17 @@ def main() -> None:
         if not args.full:
             data = _longest(data, work / "longest.parquet", 4)
         rows = []
-        names = (args.arms or ",".join(PRESETS[args.preset][1])).split(",")
-        old = _worktree(args.baseline, work / "baseline") if any(
-            PRESETS[args.preset][1][n][1].get("code") for n in names) else ROOT
-        for name in names:
-            print(f"{name}: load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-            code = old if PRESETS[args.preset][1][name][1].get("code") else ROOT
-            rows.append(run_arm(name, data, args.steps, work, args.preset, code))
-            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        names = args.arms.split(",") if args.arms else [n for n in PRESETS[args.preset][1] if n not in BASELINE_ARMS]
+        old = _worktree(args.baseline, work / "baseline") if BASELINE_ARMS & set(names) else None
+        try:
+            for name in names:
+                print(f"{name}: load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+                rows.append(run_arm(name, data, args.steps, work, args.preset,
+                                    old if name in BASELINE_ARMS else ROOT))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        finally:
+            if old is not None:
+                subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, capture_output=True)
     first = rows[0]
     print(f"{'arm':16} {'peak GB':>8} {'s/step':>8} {'loss':>15} {'x peak':>7} {'x time':>7} {'load':>5}")
     for r in rows:
