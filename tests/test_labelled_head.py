@@ -71,3 +71,10 @@ def test_the_patch_is_undone_after_the_block_even_on_error():
         assert trl_utils._use_triton(torch.device("cpu"))
         raise ValueError("boom")
     assert trl_utils._use_triton is original
+
+
+def test_a_trl_without_the_patched_function_trains_as_trl_does(monkeypatch):
+    monkeypatch.delattr(trl_utils, "_use_triton")
+    with labelled_head.labelled_positions_only():
+        assert not hasattr(trl_utils, "_use_triton")
+    assert not hasattr(trl_utils, "_use_triton")

@@ -9,8 +9,9 @@ its softmax and their backward ran about four times more rows than the loss uses
 
 `labelled_positions_only()` makes TRL take its compact path wherever the device is not one that recompiles. The
 loss and the gradients are the same sums over the same labelled positions (a test compares them); only the
-unlabelled rows' work is skipped. It patches one private TRL function for the duration of the block and checks
-that the function exists, so a TRL that renames it fails loudly here instead of silently running slower.
+unlabelled rows' work is skipped. It patches one private TRL function for the duration of the block. A TRL without
+that function trains as TRL does (slower on a CPU, not wrong), and tests/test_labelled_head.py, which counts the rows
+the head sees, fails so that the patch gets updated.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ def labelled_positions_only():
     from trl.trainer import utils as trl_utils
 
     original = getattr(trl_utils, "_use_triton", None)
-    if original is None:
-        raise RuntimeError("trl.trainer.utils._use_triton is gone: atomcli/train/labelled_head.py needs updating "
-                           "for this TRL version")
+    if original is None:  # another TRL: its own head, every position scored off CUDA
+        yield
+        return
 
     def compact(device) -> bool:
         return original(device) or device.type not in _RECOMPILING
