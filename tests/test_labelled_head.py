@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -30,7 +32,8 @@ def _batch():
     return ids, labels, attn
 
 
-def _loss_grads_rows(compact: bool):
+def _loss_grads_rows(monkeypatch, compact: bool):
+    """Loss, gradients and the row counts the fused head projected, with or without the patch."""
     model = _model()
     ids, labels, attn = _batch()
     rows = []
@@ -40,22 +43,19 @@ def _loss_grads_rows(compact: bool):
         rows.append(hidden.shape[0])
         return apply(hidden, *args)
 
-    trl_utils._ChunkedLogProbFunction.apply = spy
-    try:
-        ctx = labelled_head.labelled_positions_only() if compact else torch.enable_grad()
-        with ctx:
-            out = model(input_ids=ids, attention_mask=attn, labels=labels, fused_lm_head=True)
-            out.loss.backward()
-    finally:
-        trl_utils._ChunkedLogProbFunction.apply = apply
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", spy)
+    with labelled_head.labelled_positions_only() if compact else contextlib.nullcontext():
+        out = model(input_ids=ids, attention_mask=attn, labels=labels, fused_lm_head=True)
+        out.loss.backward()
+    monkeypatch.undo()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     return out, grads, rows
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA TRL already projects labelled positions only")
-def test_cpu_projects_only_labelled_rows_and_gets_the_same_loss_and_gradients():
-    full, full_grads, full_rows = _loss_grads_rows(compact=False)
-    part, part_grads, part_rows = _loss_grads_rows(compact=True)
+def test_cpu_projects_only_labelled_rows_and_gets_the_same_loss_and_gradients(monkeypatch):
+    full, full_grads, full_rows = _loss_grads_rows(monkeypatch, compact=False)
+    part, part_grads, part_rows = _loss_grads_rows(monkeypatch, compact=True)
     labelled = int((_batch()[1][:, 1:] != -100).sum())
     assert full_rows == [2 * 39] and part_rows == [labelled] and labelled < 2 * 39 / 2
     torch.testing.assert_close(part.loss, full.loss, rtol=1e-6, atol=1e-6)
