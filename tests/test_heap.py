@@ -153,6 +153,81 @@ def test_the_guard_backs_off_while_trims_leave_memory_short(monkeypatch):
     assert guard.libc.trims == guard.trims == 4
 
 
+class FakeLibc(CountingLibc):
+    """glibc with `mallinfo2` reporting what the test sets as in use."""
+    def __init__(self):
+        super().__init__()
+        self.used = 0
+
+    def mallinfo2(self):
+        return heap._MallInfo2(uordblks=self.used)
+
+
+def test_the_guard_trims_a_heap_that_outgrew_its_recent_peak_in_use(monkeypatch):
+    """Memory is plentiful, but resident memory above the recent peak in use (times 1 + BOUND_SHARE, plus
+    BOUND_MIN_BYTES) is a heap of holes: the guard trims it. A peak still inside the window keeps the heap."""
+    gib = 1 << 30
+    clock = [0.0]
+    rss_mb = [0.0]
+    monkeypatch.setattr(heap, "available_share", lambda: 0.9)
+    monkeypatch.setattr(heap, "resident_mb", lambda: rss_mb[0])
+    monkeypatch.setattr(heap.time, "monotonic", lambda: clock[0])
+    libc = FakeLibc()
+    guard = heap.Guard(libc, share=0.2, interval=0.5)
+
+    libc.used, rss_mb[0] = 8 * gib, 9 * 1024             # a training step: 8 GiB in use
+    assert guard.tick(0.5) == 0.5 and libc.trims == 0
+    clock[0], libc.used = 60.0, 2 * gib                   # between steps: the freed pages stay resident
+    assert guard.tick(0.5) == 0.5 and libc.trims == 0     # the peak 60 s ago still counts: they will be reused
+    clock[0] = 60.0 + heap.WINDOW_S                       # no step that large for a whole window
+    assert guard.tick(0.5) == 0.5 and libc.trims == 1 and guard.bound_trims == 1
+    limit_mb = (2 * (1 + heap.BOUND_SHARE) * gib + heap.BOUND_MIN_BYTES) / 2**20
+    rss_mb[0] = limit_mb - 1                              # within the bound: kept
+    assert guard.tick(0.5) == 0.5 and libc.trims == 1
+    rss_mb[0] = limit_mb + 1
+    assert guard.tick(0.5) == 0.5 and libc.trims == 2
+
+
+def test_without_mallinfo2_the_guard_only_watches_available_memory(monkeypatch):
+    monkeypatch.setattr(heap, "available_share", lambda: 0.9)
+    monkeypatch.setattr(heap, "resident_mb", lambda: 1e9)
+    guard = heap.Guard(CountingLibc(), share=0.2)
+    assert guard.tick(0.5) == 0.5 and guard.trims == 0
+
+
+# under `retain`, with memory plentiful (a reserve of 1e-9): hold 512 MiB long enough for the guard to see it in use,
+# free it, and wait; a short window lets the peak expire, a long one keeps it
+BOUND_PROBE = r"""
+import ctypes, json, os, sys, time
+from atomcli import heap
+heap.WINDOW_S, heap.BOUND_MIN_BYTES = float(sys.argv[1]), 64 << 20
+heap.retain()
+libc = heap._glibc()
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+size = 512 << 20
+p = libc.malloc(size)
+ctypes.memset(p, 1, size)
+time.sleep(1.2)  # the guard looks twice a second
+held = heap.resident_mb()
+libc.free(p)
+time.sleep(2.5)
+print(json.dumps({"held": held, "after": heap.resident_mb(), "bound_trims": heap.guard.bound_trims}))
+"""
+
+
+@needs_glibc
+@pytest.mark.skipif(heap.available_share() is None, reason="the guard reads /proc/meminfo")
+@pytest.mark.parametrize("window, trimmed", [(1.0, True), (60.0, False)])
+def test_the_bound_hands_back_holes_only_after_their_peak_left_the_window(window, trimmed):
+    env = dict(os.environ, **{heap.ENV: heap.RETAIN, heap.RESERVE_ENV: "1e-9"})
+    out = subprocess.run([sys.executable, "-c", BOUND_PROBE, str(window)], env=env, capture_output=True, text=True,
+                         check=True)
+    got = json.loads(out.stdout)
+    assert (got["bound_trims"] >= 1) is trimmed
+    assert (got["held"] - got["after"] >= 400) is trimmed   # MB: the 512 MiB block's pages left the process, or not
+
+
 # under `retain` with no guard (reserve 0) a freed 256 MiB block stays resident until `release()` hands it back
 RELEASE_PROBE = r"""
 import ctypes, json

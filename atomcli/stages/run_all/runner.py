@@ -76,7 +76,9 @@ class Run:
         from atomcli import heap
         before, after = heap.release()
         if when and before is not None and after is not None:
-            self.log(f"heap released {when}: resident {before:,.0f} -> {after:,.0f} MB")
+            trims = f"; guard trims so far {heap.guard.trims} ({heap.guard.bound_trims} for its bound)" \
+                if heap.guard is not None else ""
+            self.log(f"heap released {when}: resident {before:,.0f} -> {after:,.0f} MB{trims}")
 
     def grpo_stage(self, t: int, cfg, inp: Path, out: Path) -> dict:
         """grpo-step on the resident policy (atomcli.train.resident): it continues in memory, and its
