@@ -15,7 +15,8 @@ and when that falls below ATOM_HEAP_RESERVE (a share of the total, default 0.2) 
 hands the free pages inside the heap back to the system. Pages are re-zeroed only while memory is short; when it is
 not, nothing changes. The guard also bounds the heap on a machine with memory to spare: it keeps the largest amount
 in use over the last WINDOW_S seconds (glibc's `mallinfo2`), and when the process's resident memory exceeds that
-peak by more than BOUND_SHARE of it plus BOUND_MIN_BYTES, it trims too. Without that bound a long SFT's holes piled
+peak by more than BOUND_SHARE of it plus BOUND_MIN_BYTES (plus what a trim left resident outside the heap), it
+trims too. Without that bound a long SFT's holes piled
 up until the machine's reserve (an epoch of the real preset: 18.8 GB resident on a 24 GB machine for a run whose
 steps need under 10); with it the heap keeps about one training step's worth of free pages. A guard that trims every step costs what the kept heap saves, so the presets train SFT in
 micro-batches (of 1 or 2 rows, accumulated to 4) whose peak leaves the guard nothing to do, and `atom sft` pads
@@ -51,8 +52,8 @@ DEFAULT_RESERVE = 0.2   # share of the machine's memory the guard keeps availabl
 GUARD_INTERVAL_S = 0.5  # a training step allocates a few GB in about a second: poll faster than that
 MAX_WAIT_S = 16.0       # the longest back-off after trims that left memory short (Guard)
 WINDOW_S = 120.0        # how far back the guard's peak in use reaches: several training steps of the presets
-BOUND_SHARE = 0.5       # resident memory may exceed that peak by this share of it...
-BOUND_MIN_BYTES = 2 << 30  # ...plus this (the interpreter, torch's code and Python's own arenas are not in the heap)
+BOUND_SHARE = 0.25      # resident memory may exceed that peak by this share of it...
+BOUND_MIN_BYTES = 1 << 30  # ...plus this (the interpreter, torch's code and Python's own arenas are not in the heap)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -145,6 +146,7 @@ class Guard(threading.Thread):
         self.trims = 0
         self.bound_trims = 0   # of those, the trims for the bound (memory was not short)
         self.recent: list[tuple[float, int]] = []  # (time, bytes in use), the last WINDOW_S seconds
+        self.outside = 0  # resident bytes a bound trim could not hand back (code, Python's arenas): not the heap's
 
     def over_bound(self) -> bool:
         """Is resident memory above the recent peak in use by more than the bound allows?"""
@@ -154,7 +156,17 @@ class Guard(threading.Thread):
         now = time.monotonic()
         self.recent = [(t, b) for t, b in self.recent if now - t <= WINDOW_S] + [(now, used)]
         peak = max(b for _, b in self.recent)
-        return rss * 2**20 > peak * (1 + BOUND_SHARE) + BOUND_MIN_BYTES
+        return rss * 2**20 > peak * (1 + BOUND_SHARE) + BOUND_MIN_BYTES + self.outside
+
+    def trim_to_bound(self) -> None:
+        """Trim for the bound, and count what stayed resident beyond the heap's use as outside it from now on, so
+        memory the heap does not own cannot make the guard trim at every look."""
+        self.libc.malloc_trim(0)
+        self.trims += 1
+        self.bound_trims += 1
+        used, rss = in_use_bytes(self.libc), resident_mb()
+        if used is not None and rss is not None:
+            self.outside = max(self.outside, int(rss * 2**20) - used)
 
     def tick(self, wait: float) -> float:
         """Trim if memory is short or the heap is over its bound; returns how long to wait before the next look."""
@@ -163,9 +175,7 @@ class Guard(threading.Thread):
             return self.interval
         if now >= self.share:
             if self.over_bound():
-                self.libc.malloc_trim(0)
-                self.trims += 1
-                self.bound_trims += 1
+                self.trim_to_bound()
             return self.interval
         self.libc.malloc_trim(0)  # ctypes drops the GIL for the call; glibc locks each arena itself
         self.trims += 1

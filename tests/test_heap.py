@@ -175,17 +175,20 @@ def test_the_guard_trims_a_heap_that_outgrew_its_recent_peak_in_use(monkeypatch)
     libc = FakeLibc()
     guard = heap.Guard(libc, share=0.2, interval=0.5)
 
-    libc.used, rss_mb[0] = 8 * gib, 9 * 1024             # a training step: 8 GiB in use
+    libc.used, rss_mb[0] = 8 * gib, 9 * 1024             # a training step: 8 GiB in use, 9 resident
     assert guard.tick(0.5) == 0.5 and libc.trims == 0
     clock[0], libc.used = 60.0, 2 * gib                   # between steps: the freed pages stay resident
     assert guard.tick(0.5) == 0.5 and libc.trims == 0     # the peak 60 s ago still counts: they will be reused
     clock[0] = 60.0 + heap.WINDOW_S                       # no step that large for a whole window
     assert guard.tick(0.5) == 0.5 and libc.trims == 1 and guard.bound_trims == 1
-    limit_mb = (2 * (1 + heap.BOUND_SHARE) * gib + heap.BOUND_MIN_BYTES) / 2**20
+    # the fake trim hands nothing back: 7 GiB resident with 2 in use counts as outside the heap from now on
+    assert guard.outside == 7 * gib
+    limit_mb = (2 * (1 + heap.BOUND_SHARE) * gib + heap.BOUND_MIN_BYTES + guard.outside) / 2**20
     rss_mb[0] = limit_mb - 1                              # within the bound: kept
     assert guard.tick(0.5) == 0.5 and libc.trims == 1
     rss_mb[0] = limit_mb + 1
     assert guard.tick(0.5) == 0.5 and libc.trims == 2
+    assert guard.tick(0.5) == 0.5 and libc.trims == 2     # what that trim left is outside too: no trim at every look
 
 
 def test_without_mallinfo2_the_guard_only_watches_available_memory(monkeypatch):

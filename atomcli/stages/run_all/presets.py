@@ -54,13 +54,11 @@ LEARN = {
 # sample kept too few multi-search answers), and the rounds' checkpoints averaged (rft_soup) as the final
 # checkpoint. No GRPO steps: from this SFT they moved the transfer score by less than the draw. The eval points
 # are the SFT and the soup: a round's own eval would cost as much as the soup's and choose nothing.
-# The SFT takes rows one at a time, accumulated to 4 as in the demo: the update of batches of 2 without their
-# padding, at about half the peak memory.
 REAL = {
     "run-all": {"steps": 0, "eval_limit": 50, "eval_base": False, "world_style": "stepwise-real",
                 "rft_rounds": 2, "rft_group_size": 2, "rft_sources": "sqlite", "rft_lr": 1e-4, "rft_soup": True,
                 "rft_eval_rounds": False},
-    "sft": {**DEMO["sft"], "max_steps": 0, "epochs": 1.0, "lr": 2e-4,
+    "sft": {**DEMO["sft"], "batch_size": 2, "grad_accum": 2, "max_steps": 0, "epochs": 1.0, "lr": 2e-4,
             "precision": "bf16", "sampling": "length", "gradient_checkpointing": False},
     "rollout": {**DEMO["rollout"], "group_size": 8, "temperature": 0.7, "precision": "bf16", "batch_size": 50,
                 "search_options": "snippets=query"},
