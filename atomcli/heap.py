@@ -71,6 +71,8 @@ def _glibc():
         libc.gnu_get_libc_version  # only glibc has it
     except (OSError, AttributeError, TypeError):
         return None
+    if hasattr(libc, "mallinfo2"):  # glibc 2.33+
+        libc.mallinfo2.restype = _MallInfo2
     return libc
 
 
@@ -126,8 +128,6 @@ def in_use_bytes(libc) -> int | None:
     fn = getattr(libc, "mallinfo2", None)
     if fn is None:
         return None
-    if getattr(fn, "restype", None) is not _MallInfo2 and hasattr(fn, "argtypes"):  # a ctypes function
-        fn.restype = _MallInfo2
     info = fn()
     return info.uordblks + info.hblkhd
 
