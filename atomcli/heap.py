@@ -13,15 +13,18 @@ trimmed keeps every one of them resident (the learn preset's SFT, batches of 4 x
 24 GB machine). So `retain()` also starts a guard thread: twice a second it reads the machine's available memory,
 and when that falls below ATOM_HEAP_RESERVE (a share of the total, default 0.2) it calls `malloc_trim(0)`, which
 hands the free pages inside the heap back to the system. Pages are re-zeroed only while memory is short; when it is
-not, nothing changes. The guard also bounds the heap on a machine with memory to spare: it keeps the largest amount
-in use over the last WINDOW_S seconds (glibc's `mallinfo2`), and when the process's resident memory exceeds that
-peak by more than BOUND_SHARE of it plus BOUND_MIN_BYTES (plus what a trim left resident outside the heap), it
-trims too. Without that bound a long SFT's holes piled
-up until the machine's reserve (an epoch of the real preset: 18.8 GB resident on a 24 GB machine for a run whose
-steps need under 10); with it the heap keeps about one training step's worth of free pages. A guard that trims every step costs what the kept heap saves, so the presets train SFT in
+not, nothing changes. A guard that trims every step costs what the kept heap saves, so the presets train SFT in
 micro-batches (of 1 or 2 rows, accumulated to 4) whose peak leaves the guard nothing to do, and `atom sft` pads
 batches to a multiple of 256 tokens (`--pad-multiple`) so the heap sees a few tensor sizes (its effect alone is not
 measured).
+
+The guard also bounds the heap on a machine with memory to spare. It keeps the largest amount in use over the last
+WINDOW_S seconds (glibc's `mallinfo2`), and when the process's resident memory exceeds that peak by more than a
+share of it (ATOM_HEAP_BOUND, default BOUND_SHARE) plus BOUND_MIN_BYTES (plus what a trim left resident outside the
+heap), it trims too. Without the bound a long SFT's holes piled up until the machine's reserve, far above what its
+steps use (bench/RESULTS.md, "The process heap"); with it the heap keeps about one training step's worth of free
+pages. Each such trim costs page faults when the pages are used again; ATOM_HEAP_BOUND=0 turns the bound off where
+memory is plentiful.
 
 Where it applies: `retain()` is a tune for training on a CPU, where it was measured. `atom` calls `start(command)`
 when it starts, before torch allocates anything, and that retains the heap only for the commands that train
@@ -52,7 +55,8 @@ DEFAULT_RESERVE = 0.2   # share of the machine's memory the guard keeps availabl
 GUARD_INTERVAL_S = 0.5  # a training step allocates a few GB in about a second: poll faster than that
 MAX_WAIT_S = 16.0       # the longest back-off after trims that left memory short (Guard)
 WINDOW_S = 120.0        # how far back the guard's peak in use reaches: several training steps of the presets
-BOUND_SHARE = 0.25      # resident memory may exceed that peak by this share of it...
+BOUND_ENV = "ATOM_HEAP_BOUND"
+BOUND_SHARE = 0.25      # resident memory may exceed that peak by this share of it (ATOM_HEAP_BOUND; 0: no bound)...
 BOUND_MIN_BYTES = 1 << 30  # ...plus this (the interpreter, torch's code and Python's own arenas are not in the heap)
 
 
@@ -101,6 +105,23 @@ def reserve() -> float:
     return value
 
 
+def bound_share() -> float | None:
+    """How far resident memory may outgrow the recent peak in use, as a share of it (ATOM_HEAP_BOUND, default
+    BOUND_SHARE); None for 0, which turns the bound off (a machine with memory to spare, a faster SFT)."""
+    from atomcli.errors import InputError
+    raw = os.environ.get(BOUND_ENV, "").strip()
+    if not raw:
+        return BOUND_SHARE
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 100.0:
+        raise InputError(f"{BOUND_ENV}={raw!r} is not a share of the peak in use",
+                         hint=f"a number from 0 (no bound) up, e.g. {BOUND_SHARE}")
+    return value or None
+
+
 def meminfo() -> dict[str, int]:
     """MemTotal and MemAvailable from /proc/meminfo in bytes (what is there of them; empty where there is none)."""
     fields = {}
@@ -140,9 +161,9 @@ class Guard(threading.Thread):
     trimming again at once would only cost page faults. So the wait before the next look doubles after each such
     trim (up to MAX_WAIT_S) and drops back to `interval` once memory is not short."""
 
-    def __init__(self, libc, share: float, interval: float = GUARD_INTERVAL_S):
+    def __init__(self, libc, share: float, interval: float = GUARD_INTERVAL_S, bound: float | None = BOUND_SHARE):
         super().__init__(name="atom-heap-guard", daemon=True)
-        self.libc, self.share, self.interval = libc, share, interval
+        self.libc, self.share, self.interval, self.bound = libc, share, interval, bound
         self.trims = 0
         self.bound_trims = 0   # of those, the trims for the bound (memory was not short)
         self.recent: list[tuple[float, int]] = []  # (time, bytes in use), the last WINDOW_S seconds
@@ -150,13 +171,15 @@ class Guard(threading.Thread):
 
     def over_bound(self) -> bool:
         """Is resident memory above the recent peak in use by more than the bound allows?"""
+        if self.bound is None:
+            return False
         used, rss = in_use_bytes(self.libc), resident_mb()
         if used is None or rss is None:
             return False
         now = time.monotonic()
         self.recent = [(t, b) for t, b in self.recent if now - t <= WINDOW_S] + [(now, used)]
         peak = max(b for _, b in self.recent)
-        return rss * 2**20 > peak * (1 + BOUND_SHARE) + BOUND_MIN_BYTES + self.outside
+        return rss * 2**20 > peak * (1 + self.bound) + BOUND_MIN_BYTES + self.outside
 
     def trim_to_bound(self) -> None:
         """Trim for the bound, and count what stayed resident beyond the heap's use as outside it from now on, so
@@ -221,7 +244,8 @@ def release() -> tuple[float | None, float | None]:
 def start(command: str | None) -> bool:
     """What `atom COMMAND` does first: keep the heap where the policy says so (module docstring); True if kept."""
     chosen = policy()
-    reserve()  # a bad ATOM_HEAP_RESERVE is refused by every command, not only by those that keep the heap
+    reserve()  # a bad ATOM_HEAP_RESERVE or ATOM_HEAP_BOUND is refused by every command, not only by those that
+    bound_share()  # keep the heap
     if chosen == RELEASE:
         return False
     if chosen == AUTO:
@@ -246,6 +270,6 @@ def retain() -> bool:
     # mallopt returns 1 on success: True when glibc accepted both
     ok = bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
     if ok and share > 0 and guard is None and available_share() is not None:
-        guard = Guard(libc, share)
+        guard = Guard(libc, share, bound=bound_share())
         guard.start()
     return ok

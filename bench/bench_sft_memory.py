@@ -12,6 +12,8 @@ between them. It prints a table and the ratios of each arm to the first one.
     python bench/bench_sft_memory.py --preset real        # the real preset's SFT (its stepwise-real world)
     python bench/bench_sft_memory.py --preset real --arms real-baseline,real --baseline f14b056 --full --steps 8
                                                           # today's code against an older commit's, same settings
+    python bench/bench_sft_memory.py --preset real --arms real-unbounded,real --full --steps 40
+                                                          # the kept heap with and without its bound
 
 An arm marked "baseline" runs `atom` from a git worktree of `--baseline` (made in the temporary folder), so a change
 in the code is compared side by side with the code before it on the same data and settings.
@@ -48,12 +50,13 @@ ARMS = {
     "bf16": (["--precision", "bf16"], {}),
 }
 # The real preset's [sft] (one epoch; --steps bounds it here) and its arms: the same update in micro-batches of one
-# row, with and without gradient checkpointing.
+# row, with and without gradient checkpointing; the kept heap without its bound (atomcli/heap.py).
 REAL_BASE = ["--epochs", "1", "--lr", "2e-4", "--batch-size", "2", "--grad-accum", "2", "--max-length", "2048",
              "--warmup-ratio", "0.1", "--no-gradient-checkpointing", "--precision", "bf16", "--sampling", "length"]
 REAL_ARMS = {
     "real": ([], {}),
     "real-baseline": ([], {}),
+    "real-unbounded": ([], {"ATOM_HEAP_BOUND": "0"}),
     "real-batch1": (["--batch-size", "1", "--grad-accum", "4"], {}),
     "real-batch1-ckpt": (["--batch-size", "1", "--grad-accum", "4", "--gradient-checkpointing"], {}),
 }

@@ -198,6 +198,22 @@ def test_without_mallinfo2_the_guard_only_watches_available_memory(monkeypatch):
     assert guard.tick(0.5) == 0.5 and guard.trims == 0
 
 
+def test_a_bound_of_zero_turns_it_off_and_a_bad_one_is_a_one_line_error(monkeypatch, tmp_path):
+    monkeypatch.setenv(heap.BOUND_ENV, "0")
+    assert heap.bound_share() is None
+    monkeypatch.setattr(heap, "available_share", lambda: 0.9)
+    monkeypatch.setattr(heap, "resident_mb", lambda: 1e9)
+    libc = FakeLibc()
+    guard = heap.Guard(libc, share=0.2, bound=heap.bound_share())
+    assert guard.tick(0.5) == 0.5 and libc.trims == 0     # far over any bound, and no trim
+    monkeypatch.delenv(heap.BOUND_ENV)
+    assert heap.bound_share() == heap.BOUND_SHARE
+    proc = atom("show", tmp_path / "none.parquet", env={heap.BOUND_ENV: "a lot"})
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and err.strip().count("\n") == 0
+    assert "ATOM_HEAP_BOUND='a lot' is not a share of the peak in use" in err
+
+
 # under `retain`, with memory plentiful (a reserve of 1e-9): hold 512 MiB long enough for the guard to see it in use,
 # free it, and wait; a short window lets the peak expire, a long one keeps it
 BOUND_PROBE = r"""
