@@ -89,37 +89,32 @@ def policy() -> str:
     return value
 
 
-def reserve() -> float:
-    """The share of the machine's memory the guard keeps available (ATOM_HEAP_RESERVE, 0 <= share < 1)."""
+def _env_share(name: str, default: float, top: float, what: str, hint: str) -> float:
+    """A number from 0 to below `top` read from the environment variable `name` (`default` when unset)."""
     from atomcli.errors import InputError
-    raw = os.environ.get(RESERVE_ENV, "").strip()
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_RESERVE
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not 0.0 <= value < 1.0:
-        raise InputError(f"{RESERVE_ENV}={raw!r} is not a share of memory",
-                         hint=f"a number from 0 (never hand memory back) to below 1, e.g. {DEFAULT_RESERVE}")
+    if not 0.0 <= value < top:
+        raise InputError(f"{name}={raw!r} is not {what}", hint=hint)
     return value
+
+
+def reserve() -> float:
+    """The share of the machine's memory the guard keeps available (ATOM_HEAP_RESERVE, 0 <= share < 1)."""
+    return _env_share(RESERVE_ENV, DEFAULT_RESERVE, 1.0, "a share of memory",
+                      f"a number from 0 (never hand memory back) to below 1, e.g. {DEFAULT_RESERVE}")
 
 
 def bound_share() -> float | None:
     """How far resident memory may outgrow the recent peak in use, as a share of it (ATOM_HEAP_BOUND, default
-    BOUND_SHARE); None for 0, which turns the bound off (a machine with memory to spare, a faster SFT)."""
-    from atomcli.errors import InputError
-    raw = os.environ.get(BOUND_ENV, "").strip()
-    if not raw:
-        return BOUND_SHARE
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value < 100.0:
-        raise InputError(f"{BOUND_ENV}={raw!r} is not a share of the peak in use",
-                         hint=f"a number from 0 (no bound) up, e.g. {BOUND_SHARE}")
-    return value or None
+    BOUND_SHARE); None for 0, which turns the bound off (a machine with memory to spare)."""
+    return _env_share(BOUND_ENV, BOUND_SHARE, 100.0, "a share of the peak in use",
+                      f"a number from 0 (no bound) up, e.g. {BOUND_SHARE}") or None
 
 
 def meminfo() -> dict[str, int]:

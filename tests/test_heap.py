@@ -47,10 +47,15 @@ print(json.dumps({"set": set_, "held_mmap": held.hblkhd - before.hblkhd, "freed_
 MIB = 1 << 20
 
 
-def probe(policy: str) -> dict:
-    env = dict(os.environ, **{heap.ENV: policy})
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True)
+def run_probe(code: str, env: dict, *args: str) -> dict:
+    """Run a probe script in a fresh interpreter (mallopt settings last for the process) and read its JSON line."""
+    out = subprocess.run([sys.executable, "-c", code, *args], env=dict(os.environ, **env), capture_output=True,
+                         text=True, check=True)
     return json.loads(out.stdout)
+
+
+def probe(policy: str) -> dict:
+    return run_probe(PROBE, {heap.ENV: policy})
 
 
 @needs_glibc
@@ -100,9 +105,7 @@ print(json.dumps({"held": held, "after": rss(), "trims": heap.guard.trims if hea
 
 
 def guard_probe(share: str) -> dict:
-    env = dict(os.environ, **{heap.ENV: heap.RETAIN, heap.RESERVE_ENV: share})
-    out = subprocess.run([sys.executable, "-c", GUARD_PROBE], env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    return run_probe(GUARD_PROBE, {heap.ENV: heap.RETAIN, heap.RESERVE_ENV: share})
 
 
 @needs_glibc
@@ -214,19 +217,25 @@ def test_a_bound_of_zero_turns_it_off_and_a_bad_one_is_a_one_line_error(monkeypa
     assert "ATOM_HEAP_BOUND='a lot' is not a share of the peak in use" in err
 
 
-# under `retain`, with memory plentiful (a reserve of 1e-9): hold 512 MiB long enough for the guard to see it in use,
-# free it, and wait; a short window lets the peak expire, a long one keeps it
-BOUND_PROBE = r"""
+# what the probes below start with: the kept heap, glibc's malloc and free, and `size` bytes written at `p`
+HELD = r"""
 import ctypes, json, os, sys, time
 from atomcli import heap
-heap.WINDOW_S, heap.BOUND_MIN_BYTES = float(sys.argv[1]), 64 << 20
+{setup}
 heap.retain()
 libc = heap._glibc()
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
-size = 512 << 20
+size = {size}
 p = libc.malloc(size)
 ctypes.memset(p, 1, size)
+"""
+
+
+# under `retain`, with memory plentiful (a reserve of 1e-9): hold 512 MiB long enough for the guard to see it in use,
+# free it, and wait; a short window lets the peak expire, a long one keeps it
+BOUND_PROBE = HELD.format(setup="heap.WINDOW_S, heap.BOUND_MIN_BYTES = float(sys.argv[1]), 64 << 20",
+                          size=512 << 20) + r"""
 time.sleep(1.2)  # the guard looks twice a second
 held = heap.resident_mb()
 libc.free(p)
@@ -239,25 +248,13 @@ print(json.dumps({"held": held, "after": heap.resident_mb(), "bound_trims": heap
 @pytest.mark.skipif(heap.available_share() is None, reason="the guard reads /proc/meminfo")
 @pytest.mark.parametrize("window, trimmed", [(1.0, True), (60.0, False)])
 def test_the_bound_hands_back_holes_only_after_their_peak_left_the_window(window, trimmed):
-    env = dict(os.environ, **{heap.ENV: heap.RETAIN, heap.RESERVE_ENV: "1e-9"})
-    out = subprocess.run([sys.executable, "-c", BOUND_PROBE, str(window)], env=env, capture_output=True, text=True,
-                         check=True)
-    got = json.loads(out.stdout)
+    got = run_probe(BOUND_PROBE, {heap.ENV: heap.RETAIN, heap.RESERVE_ENV: "1e-9"}, str(window))
     assert (got["bound_trims"] >= 1) is trimmed
     assert (got["held"] - got["after"] >= 400) is trimmed   # MB: the 512 MiB block's pages left the process, or not
 
 
 # under `retain` with no guard (reserve 0) a freed 256 MiB block stays resident until `release()` hands it back
-RELEASE_PROBE = r"""
-import ctypes, json
-from atomcli import heap
-heap.retain()
-libc = heap._glibc()
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-size = 256 << 20
-p = libc.malloc(size)
-ctypes.memset(p, 1, size)
+RELEASE_PROBE = HELD.format(setup="", size=256 << 20) + r"""
 libc.free(p)
 before, after = heap.release()
 print(json.dumps({"before": before, "after": after}))
@@ -267,9 +264,7 @@ print(json.dumps({"before": before, "after": after}))
 @needs_glibc
 def test_release_hands_a_kept_heap_back_at_once():
     """run-all calls release() after a training stage (the stage's heap of holes is of no use to sampling)."""
-    env = dict(os.environ, **{heap.ENV: heap.RETAIN, heap.RESERVE_ENV: "0"})
-    out = subprocess.run([sys.executable, "-c", RELEASE_PROBE], env=env, capture_output=True, text=True, check=True)
-    got = json.loads(out.stdout)
+    got = run_probe(RELEASE_PROBE, {heap.ENV: heap.RETAIN, heap.RESERVE_ENV: "0"})
     assert got["before"] - got["after"] >= 200  # MB: the freed block left the process
 
 
