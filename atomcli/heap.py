@@ -176,11 +176,14 @@ class Guard(threading.Thread):
         peak = max(b for _, b in self.recent)
         return rss * 2**20 > peak * (1 + self.bound) + BOUND_MIN_BYTES + self.outside
 
+    def trim(self) -> None:
+        self.libc.malloc_trim(0)  # ctypes drops the GIL for the call; glibc locks each arena itself
+        self.trims += 1
+
     def trim_to_bound(self) -> None:
         """Trim for the bound, and count what stayed resident beyond the heap's use as outside it from now on, so
         memory the heap does not own cannot make the guard trim at every look."""
-        self.libc.malloc_trim(0)
-        self.trims += 1
+        self.trim()
         self.bound_trims += 1
         used, rss = in_use_bytes(self.libc), resident_mb()
         if used is not None and rss is not None:
@@ -195,8 +198,7 @@ class Guard(threading.Thread):
             if self.over_bound():
                 self.trim_to_bound()
             return self.interval
-        self.libc.malloc_trim(0)  # ctypes drops the GIL for the call; glibc locks each arena itself
-        self.trims += 1
+        self.trim()
         after = available_share()
         return min(2 * wait, MAX_WAIT_S) if after is not None and after < self.share else self.interval
 
@@ -239,8 +241,9 @@ def release() -> tuple[float | None, float | None]:
 def start(command: str | None) -> bool:
     """What `atom COMMAND` does first: keep the heap where the policy says so (module docstring); True if kept."""
     chosen = policy()
-    reserve()  # a bad ATOM_HEAP_RESERVE or ATOM_HEAP_BOUND is refused by every command, not only by those that
-    bound_share()  # keep the heap
+    # a bad ATOM_HEAP_RESERVE or ATOM_HEAP_BOUND is refused by every command, not only by those that keep the heap
+    reserve()
+    bound_share()
     if chosen == RELEASE:
         return False
     if chosen == AUTO:

@@ -28,11 +28,7 @@ PROBE = r"""
 import ctypes, json
 from atomcli import heap
 set_ = heap.retain()
-libc = heap._glibc()
-class Info(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-libc.mallinfo2.restype = Info
+libc = heap._glibc()  # its mallinfo2 returns heap._MallInfo2
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
 size = 256 << 20
