@@ -23,8 +23,8 @@ WINDOW_S seconds (glibc's `mallinfo2`), and when the process's resident memory e
 share of it (ATOM_HEAP_BOUND, default BOUND_SHARE) plus BOUND_MIN_BYTES (plus what a trim left resident outside the
 heap), it trims too. Without the bound a long SFT's holes piled up until the machine's reserve, far above what its
 steps use (bench/RESULTS.md, "The process heap"); with it the heap keeps about one training step's worth of free
-pages. Each such trim costs page faults when the pages are used again; ATOM_HEAP_BOUND=0 turns the bound off where
-memory is plentiful.
+pages. Each such trim costs page faults when the pages are used again, so the bound trims at most once per
+BOUND_COOLDOWN_S; ATOM_HEAP_BOUND=0 turns it off where memory is plentiful.
 
 Where it applies: `retain()` is a tune for training on a CPU, where it was measured. `atom` calls `start(command)`
 when it starts, before torch allocates anything, and that retains the heap only for the commands that train
@@ -58,6 +58,10 @@ WINDOW_S = 120.0        # how far back the guard's peak in use reaches: several 
 BOUND_ENV = "ATOM_HEAP_BOUND"
 BOUND_SHARE = 0.25      # resident memory may exceed that peak by this share of it (ATOM_HEAP_BOUND; 0: no bound)...
 BOUND_MIN_BYTES = 1 << 30  # ...plus this (the interpreter, torch's code and Python's own arenas are not in the heap)
+# The sampled peak in use misses the top of a backward pass (it lasts less than a look's interval), so in a long SFT
+# the bound fired every ~35 s and the next step faulted the same pages back in. At most one bound trim per window
+# caps that cost; the heap can outgrow its bound between two trims by one window's creep only.
+BOUND_COOLDOWN_S = WINDOW_S
 
 
 class _MallInfo2(ctypes.Structure):
@@ -163,9 +167,11 @@ class Guard(threading.Thread):
         self.bound_trims = 0   # of those, the trims for the bound (memory was not short)
         self.recent: list[tuple[float, int]] = []  # (time, bytes in use), the last WINDOW_S seconds
         self.outside = 0  # resident bytes a bound trim could not hand back (code, Python's arenas): not the heap's
+        self.last_bound_trim: float | None = None  # time.monotonic() of the last trim for the bound
 
     def over_bound(self) -> bool:
-        """Is resident memory above the recent peak in use by more than the bound allows?"""
+        """Is resident memory above the recent peak in use by more than the bound allows, with the last trim for
+        the bound BOUND_COOLDOWN_S ago or more?"""
         if self.bound is None:
             return False
         used, rss = in_use_bytes(self.libc), resident_mb()
@@ -174,7 +180,8 @@ class Guard(threading.Thread):
         now = time.monotonic()
         self.recent = [(t, b) for t, b in self.recent if now - t <= WINDOW_S] + [(now, used)]
         peak = max(b for _, b in self.recent)
-        return rss * 2**20 > peak * (1 + self.bound) + BOUND_MIN_BYTES + self.outside
+        cooled = self.last_bound_trim is None or now - self.last_bound_trim >= BOUND_COOLDOWN_S
+        return cooled and rss * 2**20 > peak * (1 + self.bound) + BOUND_MIN_BYTES + self.outside
 
     def trim(self) -> None:
         self.libc.malloc_trim(0)  # ctypes drops the GIL for the call; glibc locks each arena itself
@@ -185,6 +192,7 @@ class Guard(threading.Thread):
         memory the heap does not own cannot make the guard trim at every look."""
         self.trim()
         self.bound_trims += 1
+        self.last_bound_trim = time.monotonic()
         used, rss = in_use_bytes(self.libc), resident_mb()
         if used is not None and rss is not None:
             self.outside = max(self.outside, int(rss * 2**20) - used)

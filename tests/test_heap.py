@@ -164,7 +164,8 @@ class FakeLibc(CountingLibc):
 
 def test_the_guard_trims_a_heap_that_outgrew_its_recent_peak_in_use(monkeypatch):
     """Memory is plentiful, but resident memory above the recent peak in use (times 1 + BOUND_SHARE, plus
-    BOUND_MIN_BYTES) is a heap of holes: the guard trims it. A peak still inside the window keeps the heap."""
+    BOUND_MIN_BYTES) is a heap of holes: the guard trims it. A peak still inside the window keeps the heap, and
+    a trim for the bound waits BOUND_COOLDOWN_S after the last one."""
     gib = 1 << 30
     clock = [0.0]
     rss_mb = [0.0]
@@ -186,7 +187,12 @@ def test_the_guard_trims_a_heap_that_outgrew_its_recent_peak_in_use(monkeypatch)
     rss_mb[0] = limit_mb - 1                              # within the bound: kept
     assert guard.tick(0.5) == 0.5 and libc.trims == 1
     rss_mb[0] = limit_mb + 1
+    assert guard.tick(0.5) == 0.5 and libc.trims == 1     # over the bound, but within the cooldown of the last trim
+    clock[0] += heap.BOUND_COOLDOWN_S - 1
+    assert guard.tick(0.5) == 0.5 and libc.trims == 1
+    clock[0] += 1
     assert guard.tick(0.5) == 0.5 and libc.trims == 2
+    clock[0] += heap.BOUND_COOLDOWN_S
     assert guard.tick(0.5) == 0.5 and libc.trims == 2     # what that trim left is outside too: no trim at every look
 
 
