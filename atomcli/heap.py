@@ -41,6 +41,8 @@ import os
 import threading
 import time
 
+from atomcli import sysmem
+
 ENV = "ATOM_HEAP"
 AUTO, RETAIN, RELEASE = "auto", "retain", "release"
 CHOICES = (AUTO, RETAIN, RELEASE)
@@ -121,23 +123,9 @@ def bound_share() -> float | None:
                       f"a number from 0 (no bound) up, e.g. {BOUND_SHARE}") or None
 
 
-def meminfo() -> dict[str, int]:
-    """MemTotal and MemAvailable from /proc/meminfo in bytes (what is there of them; empty where there is none)."""
-    fields = {}
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key in ("MemTotal", "MemAvailable"):
-                    fields[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return {}
-    return fields
-
-
 def available_share() -> float | None:
-    """MemAvailable / MemTotal, or None where there is no /proc/meminfo (not Linux)."""
-    fields = meminfo()
+    """MemAvailable / MemTotal (each within the process's cgroup limit), or None where there is no /proc/meminfo."""
+    fields = sysmem.meminfo()
     if not fields.get("MemTotal") or "MemAvailable" not in fields:
         return None
     return fields["MemAvailable"] / fields["MemTotal"]

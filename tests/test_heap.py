@@ -95,7 +95,12 @@ p = libc.malloc(size)
 ctypes.memset(p, 1, size)
 held = rss()
 libc.free(p)
-time.sleep(1.5)
+trims = heap.guard.trims if heap.guard else 0  # counted after the free: the next trim comes after it
+# a trim after the free: the guard looks twice a second, backs off up to MAX_WAIT_S while trims leave
+# memory short, and on a loaded machine its thread may wait its turn
+deadline = time.monotonic() + heap.MAX_WAIT_S + 4
+while heap.guard and heap.guard.trims == trims and time.monotonic() < deadline:
+    time.sleep(0.1)
 print(json.dumps({"held": held, "after": rss(), "trims": heap.guard.trims if heap.guard else None}))
 """
 

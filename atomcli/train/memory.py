@@ -5,7 +5,8 @@ presets, with nothing on the screen but "Killed". So `sft` (and run-all's SFT an
 its peak from the model's shape and the batch settings before the first step and stops with one line saying what it
 needs, what the machine has available, and which settings lower it; `grpo-step` does the same for its largest
 micro-batch (plus a reference model's weights when the KL term needs one). A run on a CUDA device is not checked:
-its activations live in the device's memory, which this arithmetic does not model.
+its activations live in the device's memory, which this arithmetic does not model. In a container, a Slurm job or
+any cgroup with a memory limit, what is available is counted within that limit (atomcli.sysmem).
 
 The estimate is arithmetic, not a measurement:
 
@@ -70,8 +71,9 @@ def training_bytes(shape: Shape, *, batch_rows: int, tokens_per_row: int, checkp
 
 
 def available_bytes() -> int | None:
-    """MemAvailable (what can be used without swapping), or None where it is not known."""
-    from atomcli.heap import meminfo
+    """MemAvailable (what can be used without swapping, within the process's cgroup limit), or None where it is not
+    known."""
+    from atomcli.sysmem import meminfo
     return meminfo().get("MemAvailable")
 
 
@@ -116,11 +118,13 @@ def check_fits(stage: str, need: int, hint: str, *, available: int | None = None
     import os
     if os.environ.get(SKIP_ENV, "") == "0":
         return
+    from atomcli import sysmem
     have = usable_bytes() if available is None else available
     cap = _cap()
-    if cap is not None:
-        have = cap if have is None else min(have, cap)
+    where = sysmem.describe()
+    if cap is not None and (have is None or cap < have):
+        have, where = cap, f"{CAP_ENV}"
     if have is None or need <= have:
         return
-    raise InputError(f"{stage} needs about {need / GB:.1f} GB of memory and {have / GB:.1f} GB is available",
-                     hint=f"{hint}; or set {SKIP_ENV}=0 to try anyway")
+    raise InputError(f"{stage} needs about {need / GB:.1f} GB of memory and {have / GB:.1f} GB is available "
+                     f"({where})", hint=f"{hint}; or set {SKIP_ENV}=0 to try anyway")
