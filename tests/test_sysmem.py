@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -128,7 +129,12 @@ def cgroup_1g():
     if made is None:
         pytest.skip("this machine does not let the test make a memory cgroup")
     yield made[0]
-    made[0].rmdir()  # its one process has exited
+    for _ in range(50):  # its one process has exited; the kernel may take a moment to let the folder go
+        try:
+            made[0].rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
 
 
 def run_in(cgroup: Path, code: str, env: dict) -> dict:
