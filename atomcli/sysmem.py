@@ -56,6 +56,12 @@ def cgroup_memory() -> tuple[int, int] | None:
     return best
 
 
+def own_cgroup() -> tuple[Path, bool] | None:
+    """The process's own memory cgroup folder and whether it is cgroup v2, or None where there is none to read."""
+    folders = _cgroup_folders()
+    return folders[0] if folders else None
+
+
 def _cgroup_folders() -> list[tuple[Path, bool]]:
     """The memory cgroup folders from the process's own up to the mount's root, each with whether it is cgroup v2.
 

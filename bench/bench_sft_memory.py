@@ -14,6 +14,11 @@ between them. It prints a table and the ratios of each arm to the first one.
                                                           # today's code against an older commit's, same settings
     python bench/bench_sft_memory.py --preset real --arms real-unbounded,real --full --steps 40
                                                           # the kept heap with and without its bound
+    python bench/bench_sft_memory.py --preset real --arms real,real-in-13g --full --steps 20
+                                                          # the same run inside a 13 GiB memory cgroup
+
+An arm named "...-in-NNg" runs inside a fresh memory cgroup limited to NN GiB (a smaller machine, as a container or
+a 16 GB laptop would give it; needs a writable cgroup, e.g. root in a container).
 
 An arm marked "baseline" runs `atom` from a git worktree of `--baseline` (made in the temporary folder), so a change
 in the code is compared side by side with the code before it on the same data and settings.
@@ -59,6 +64,7 @@ REAL_ARMS = {
     "real-unbounded": ([], {"ATOM_HEAP_BOUND": "0"}),
     "real-batch1": (["--batch-size", "1", "--grad-accum", "4"], {}),
     "real-batch1-ckpt": (["--batch-size", "1", "--grad-accum", "4", "--gradient-checkpointing"], {}),
+    "real-in-13g": ([], {}),
 }
 # Arms that run the preset's settings on the code of --baseline (a git worktree), to compare a change side by side.
 BASELINE_ARMS = {"preset-baseline", "real-baseline"}
@@ -90,7 +96,14 @@ def run_arm(name: str, data: Path, steps: int, work: Path, preset: str = "demo",
     cmd = ["/usr/bin/time", "-v", *ATOM, "sft", str(data), "--model", "smollm2", "--out", str(out),
            "--max-steps", str(steps), *_override(base, extra)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **env_extra, "PYTHONPATH": str(code)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=code)
+    cgroup = _cgroup(name)
+    if cgroup is not None:  # the shell joins the cgroup, then becomes the measured command
+        cmd = ["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$@"', "sh", *cmd]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=code)
+    finally:
+        if cgroup is not None:
+            cgroup.rmdir()
     if proc.returncode != 0:
         raise SystemExit(f"arm {name} failed:\n{proc.stderr[-3000:]}")
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)[1])
@@ -99,6 +112,25 @@ def run_arm(name: str, data: Path, steps: int, work: Path, preset: str = "demo",
     return {"arm": name, "peak_gb": peak_kb / 2**20, "steps": int(m[1]), "seconds": float(m[2]),
             "s_per_step": float(m[2]) / int(m[1]), "loss_first": float(m[3]), "loss_last": float(m[4]),
             "load": os.getloadavg()[0], "metrics_file": bool(metrics)}
+
+
+def _cgroup(arm: str) -> Path | None:
+    """A fresh memory cgroup limited to the arm's "-in-NNg" GiB, or None for an arm without one."""
+    m = re.search(r"-in-(\d+)g$", arm)
+    if m is None:
+        return None
+    from atomcli import sysmem
+    own = sysmem.own_cgroup()
+    if own is None:
+        raise SystemExit(f"arm {arm}: this process has no memory cgroup to make a child in")
+    folder, v2 = own
+    child = folder / f"atom-bench-{os.getpid()}"
+    try:
+        child.mkdir()
+        (child / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(int(m[1]) << 30))
+    except OSError as e:
+        raise SystemExit(f"arm {arm}: cannot make a memory cgroup ({e}); run as root or skip this arm") from None
+    return child
 
 
 def _longest(src: Path, dst: Path, n: int) -> Path:

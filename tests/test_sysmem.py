@@ -108,19 +108,21 @@ def test_the_memory_check_refuses_within_the_cgroup_and_says_so(monkeypatch, tmp
 
 def _make_cgroup(limit: int) -> tuple[Path, bool] | None:
     """A fresh child cgroup with a memory limit, or None where this process may not make one."""
-    for folder, v2 in sysmem._cgroup_folders()[:1]:
-        child = folder / f"atomtest-{uuid.uuid4().hex[:8]}"
-        try:
-            child.mkdir()
-        except OSError:
-            return None
-        try:
-            (child / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit))
-        except OSError:
-            child.rmdir()
-            return None
-        return child, v2
-    return None
+    own = sysmem.own_cgroup()
+    if own is None:
+        return None
+    folder, v2 = own
+    child = folder / f"atomtest-{uuid.uuid4().hex[:8]}"
+    try:
+        child.mkdir()
+    except OSError:
+        return None
+    try:
+        (child / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit))
+    except OSError:
+        child.rmdir()
+        return None
+    return child, v2
 
 
 @pytest.fixture
