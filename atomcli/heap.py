@@ -10,8 +10,9 @@ thread arenas still map and unmap). `bench/heap.py` measures both ways side by s
 
 The cost is fragmentation: batches of other lengths free holes a larger tensor does not fit, and a heap that is never
 trimmed keeps every one of them resident (the learn preset's SFT, batches of 4 x up to 2,048 tokens, once outgrew a
-24 GB machine). So `retain()` also starts a guard thread: twice a second it reads the machine's available memory,
-and when that falls below ATOM_HEAP_RESERVE (a share of the total, default 0.2) it calls `malloc_trim(0)`, which
+24 GB machine). So `retain()` also starts a guard thread: twice a second it reads the machine's available memory
+(within the process's cgroup limit in a container or a Slurm job: atomcli.sysmem), and when that falls below
+ATOM_HEAP_RESERVE (a share of the total, default 0.2) it calls `malloc_trim(0)`, which
 hands the free pages inside the heap back to the system. Pages are re-zeroed only while memory is short; when it is
 not, nothing changes. A guard that trims every step costs what the kept heap saves, so the presets train SFT in
 micro-batches (of 1 or 2 rows, accumulated to 4) whose peak leaves the guard nothing to do, and `atom sft` pads
