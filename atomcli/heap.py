@@ -173,8 +173,8 @@ class Guard(threading.Thread):
         return cooled and rss * 2**20 > peak * (1 + self.bound) + BOUND_MIN_BYTES + self.outside
 
     def trim(self) -> None:
+        self.trims += 1  # counted first: whoever sees the pages gone also sees the trim that handed them back
         self.libc.malloc_trim(0)  # ctypes drops the GIL for the call; glibc locks each arena itself
-        self.trims += 1
 
     def trim_to_bound(self) -> None:
         """Trim for the bound, and count what stayed resident beyond the heap's use as outside it from now on, so

@@ -103,7 +103,8 @@ def run_arm(name: str, data: Path, steps: int, work: Path, preset: str = "demo",
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=code)
     finally:
         if cgroup is not None:
-            cgroup.rmdir()
+            from atomcli import sysmem
+            sysmem.remove_cgroup(cgroup)
     if proc.returncode != 0:
         raise SystemExit(f"arm {name} failed:\n{proc.stderr[-3000:]}")
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr)[1])
@@ -120,17 +121,10 @@ def _cgroup(arm: str) -> Path | None:
     if m is None:
         return None
     from atomcli import sysmem
-    own = sysmem.own_cgroup()
-    if own is None:
-        raise SystemExit(f"arm {arm}: this process has no memory cgroup to make a child in")
-    folder, v2 = own
-    child = folder / f"atom-bench-{os.getpid()}"
-    try:
-        child.mkdir()
-        (child / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(int(m[1]) << 30))
-    except OSError as e:
-        raise SystemExit(f"arm {arm}: cannot make a memory cgroup ({e}); run as root or skip this arm") from None
-    return child
+    made = sysmem.limited_cgroup(int(m[1]) << 30, "atom-bench")
+    if made is None:
+        raise SystemExit(f"arm {arm}: cannot make a memory cgroup here; run as root or leave this arm out")
+    return made
 
 
 def _longest(src: Path, dst: Path, n: int) -> Path:

@@ -123,7 +123,7 @@ def check_fits(stage: str, need: int, hint: str, *, available: int | None = None
     cap = _cap()
     where = sysmem.describe()
     if cap is not None and (have is None or cap < have):
-        have, where = cap, f"{CAP_ENV}"
+        have, where = cap, f"as {CAP_ENV} asks"
     if have is None or need <= have:
         return
     raise InputError(f"{stage} needs about {need / GB:.1f} GB of memory and {have / GB:.1f} GB is available "
