@@ -127,7 +127,6 @@ def describe() -> str:
     return f"of the machine's {host / 2**30:.1f} GB" if host else "of the machine's memory"
 
 
-
 def limited_cgroup(limit: int, prefix: str = "atom") -> Path | None:
     """A fresh memory cgroup limited to `limit` bytes (a process joins it by writing its pid to `cgroup.procs`), or
     None where this process may not make one (not root, a read-only mount, no memory controller)."""

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import atom
+from conftest import FREED, HELD, atom
 
 from atomcli import heap
 
@@ -79,29 +79,10 @@ def test_a_policy_that_does_not_exist_is_a_one_line_error(tmp_path):
     assert "ATOM_HEAP='keep-it-all' is not a heap policy" in err and "retain, release" in err
 
 
-# malloc, write and free 256 MiB under `retain`, then wait for the guard's ticks: resident memory (statm) before the
-# free and a second after it, and how many times the guard trimmed
-GUARD_PROBE = r"""
-import ctypes, json, os, time
-from atomcli import heap
-heap.retain()
-libc = heap._glibc()
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-page = os.sysconf("SC_PAGE_SIZE")
-rss = lambda: int(open("/proc/self/statm").read().split()[1]) * page
-size = 256 << 20
-p = libc.malloc(size)
-ctypes.memset(p, 1, size)
-held = rss()
-libc.free(p)
-# wait for the freed pages to leave (the assertion's own condition) or for the deadline: the guard looks twice a
-# second, backs off up to MAX_WAIT_S while trims leave memory short, and on a loaded machine its thread may
-# wait its turn; without a guard there is nothing to wait for
-deadline = time.monotonic() + heap.MAX_WAIT_S + 4
-while heap.guard and held - rss() < (200 << 20) and time.monotonic() < deadline:
-    time.sleep(0.1)
-print(json.dumps({"held": held, "after": rss(), "trims": heap.guard.trims if heap.guard else None}))
+# malloc, write and free 256 MiB under `retain`, then wait for the guard's ticks: resident memory before the free and
+# after it, and how many times the guard trimmed
+GUARD_PROBE = HELD.format(setup="", size=256 << 20) + FREED.format(drop_mb=200) + r"""
+print(json.dumps({"held": held, "after": after, "trims": heap.guard.trims if heap.guard else None}))
 """
 
 
@@ -114,10 +95,10 @@ def guard_probe(share: str) -> dict:
 def test_the_guard_hands_free_pages_back_only_while_memory_is_short():
     short = guard_probe("0.999")    # available memory is always below 99.9% of the total: memory counts as short
     assert short["trims"] >= 1
-    assert short["held"] - short["after"] >= 200 * MIB     # the freed block's pages left the process
+    assert short["held"] - short["after"] >= 200           # MB: the freed block's pages left the process
     plenty = guard_probe("0")       # 0: no guard, the retained heap keeps its pages
     assert plenty["trims"] is None
-    assert plenty["held"] - plenty["after"] < 64 * MIB
+    assert plenty["held"] - plenty["after"] < 64          # MB
 
 
 def test_a_reserve_that_is_not_a_share_is_a_one_line_error(tmp_path):
@@ -222,21 +203,6 @@ def test_a_bound_of_zero_turns_it_off_and_a_bad_one_is_a_one_line_error(monkeypa
     err = proc.stderr.decode()
     assert proc.returncode == 2 and err.strip().count("\n") == 0
     assert "ATOM_HEAP_BOUND='a lot' is not a share of the peak in use" in err
-
-
-# what the probes below start with: the kept heap, glibc's malloc and free, and `size` bytes written at `p`
-HELD = r"""
-import ctypes, json, os, sys, time
-from atomcli import heap
-{setup}
-heap.retain()
-libc = heap._glibc()
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-size = {size}
-p = libc.malloc(size)
-ctypes.memset(p, 1, size)
-"""
 
 
 # under `retain`, with memory plentiful (a reserve of 1e-9): hold 512 MiB long enough for the guard to see it in use,

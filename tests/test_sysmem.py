@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import FREED, HELD
 
 from atomcli import sysmem
 from atomcli.errors import InputError
@@ -141,26 +142,8 @@ def run_in(cgroup: Path, code: str, env: dict) -> dict:
 
 # under the kept heap, hold and free 850 MiB inside a 1 GiB cgroup on a machine with far more: the freed pages leave
 # the heap only if the guard's reserve (20% available) is counted within the cgroup's limit
-GUARD_PROBE = r"""
-import ctypes, json, time
-from atomcli import heap, sysmem
-heap.retain()
-libc = heap._glibc()
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-size = 850 << 20
-p = libc.malloc(size)
-ctypes.memset(p, 1, size)
-held = heap.resident_mb()
-libc.free(p)
-# wait for the freed pages to leave (the assertion's own condition) or for the deadline: the guard looks twice a
-# second, backs off up to MAX_WAIT_S while trims leave memory short, and on a loaded machine its thread may
-# wait its turn; without a guard there is nothing to wait for
-deadline = time.monotonic() + heap.MAX_WAIT_S + 4
-while heap.guard and held - heap.resident_mb() < 700 and time.monotonic() < deadline:
-    time.sleep(0.1)
-print(json.dumps({"total": sysmem.meminfo()["MemTotal"], "held": held, "after": heap.resident_mb(),
-                  "trims": heap.guard.trims}))
+GUARD_PROBE = HELD.format(setup="from atomcli import sysmem", size=850 << 20) + FREED.format(drop_mb=700) + r"""
+print(json.dumps({"total": sysmem.meminfo()["MemTotal"], "held": held, "after": after, "trims": heap.guard.trims}))
 """
 
 

@@ -118,13 +118,14 @@ def check_fits(stage: str, need: int, hint: str, *, available: int | None = None
     import os
     if os.environ.get(SKIP_ENV, "") == "0":
         return
-    from atomcli import sysmem
     have = usable_bytes() if available is None else available
     cap = _cap()
-    where = sysmem.describe()
-    if cap is not None and (have is None or cap < have):
-        have, where = cap, f"as {CAP_ENV} asks"
+    capped = cap is not None and (have is None or cap < have)
+    if capped:
+        have = cap
     if have is None or need <= have:
         return
+    from atomcli import sysmem
+    where = f"as {CAP_ENV} asks" if capped else sysmem.describe()  # read only for the refusal
     raise InputError(f"{stage} needs about {need / GB:.1f} GB of memory and {have / GB:.1f} GB is available "
                      f"({where})", hint=f"{hint}; or set {SKIP_ENV}=0 to try anyway")
