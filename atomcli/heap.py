@@ -25,7 +25,10 @@ share of it (ATOM_HEAP_BOUND, default BOUND_SHARE) plus BOUND_MIN_BYTES (plus wh
 heap), it trims too. Without the bound a long SFT's holes piled up until the machine's reserve, far above what its
 steps use (bench/RESULTS.md, "The process heap"); with it the heap keeps about one training step's worth of free
 pages. Each such trim costs page faults when the pages are used again, so the bound trims at most once per
-BOUND_COOLDOWN_S; ATOM_HEAP_BOUND=0 turns it off where memory is plentiful.
+BOUND_COOLDOWN_S; ATOM_HEAP_BOUND=0 turns it off where memory is plentiful. run-all lifts the bound while it samples
+(`unbounded()`: its rollouts and evals), where those page faults cost more than a tenth of a rollout's time
+(bench/bench_rollout_arms.py) and the heap is handed back before and after each training stage anyway; the reserve
+still applies there.
 
 Where it applies: `retain()` is a tune for training on a CPU, where it was measured. `atom` calls `start(command)`
 when it starts, before torch allocates anything, and that retains the heap only for the commands that train
@@ -36,6 +39,7 @@ memory back while it waits); other C libraries (musl, macOS) are left as they ar
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -157,6 +161,7 @@ class Guard(threading.Thread):
         self.recent: list[tuple[float, int]] = []  # (time, bytes in use), the last WINDOW_S seconds
         self.outside = 0  # resident bytes a bound trim could not hand back (code, Python's arenas): not the heap's
         self.last_bound_trim: float | None = None  # time.monotonic() of the last trim for the bound
+        self.bounding = True  # False while run-all samples (unbounded())
 
     def over_bound(self) -> bool:
         """Is resident memory above the recent peak in use by more than the bound allows, with the last trim for
@@ -170,7 +175,7 @@ class Guard(threading.Thread):
         self.recent = [(t, b) for t, b in self.recent if now - t <= WINDOW_S] + [(now, used)]
         peak = max(b for _, b in self.recent)
         cooled = self.last_bound_trim is None or now - self.last_bound_trim >= BOUND_COOLDOWN_S
-        return cooled and rss * 2**20 > peak * (1 + self.bound) + BOUND_MIN_BYTES + self.outside
+        return self.bounding and cooled and rss * 2**20 > peak * (1 + self.bound) + BOUND_MIN_BYTES + self.outside
 
     def trim(self) -> None:
         self.trims += 1  # counted first: whoever sees the pages gone also sees the trim that handed them back
@@ -219,6 +224,21 @@ def resident_mb() -> float | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+@contextlib.contextmanager
+def unbounded():
+    """No trims for the bound inside this block (the reserve still applies): what run-all does around its sampling
+    stages (module docstring). Nothing to do without a running guard."""
+    g = guard
+    if g is None:
+        yield
+        return
+    before, g.bounding = g.bounding, False
+    try:
+        yield
+    finally:
+        g.bounding = before
 
 
 def release() -> tuple[float | None, float | None]:

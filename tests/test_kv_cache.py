@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from atomcli.engines.kv_cache import GrowLayer
+from atomcli.engines.kv_cache import GrowLayer, fill_holes
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,44 @@ def test_dropping_rows_moves_the_kept_ones_down_in_the_same_buffer():
     assert torch.equal(layer.keys, k[[1, 3], :, :5]) and torch.equal(layer.values, v[[1, 3], :, :5])
     keys, _ = layer.update(torch.ones(2, 2, 1, 3), torch.ones(2, 2, 1, 3))
     assert torch.equal(keys[:, :, :5], k[[1, 3], :, :5]) and bool((keys[:, :, 5] == 1).all())
-    # another order (or a repeated row) is a gather into a new buffer, as DynamicLayer does it
+    # rows in another order move inside the same buffer too; only more rows than it holds need a new one
+    layer.batch_select_indices(torch.tensor([1, 0]))
+    assert layer._k.data_ptr() == buffer.data_ptr()
+    assert torch.equal(layer.keys[:, :, :5], k[[3, 1], :, :5]) and torch.equal(layer.values[:, :, :5], v[[3, 1], :, :5])
     layer.batch_select_indices(torch.tensor([1, 0, 0]))
     assert layer._k.data_ptr() != buffer.data_ptr()
-    assert torch.equal(layer.keys[:, :, :5], k[[3, 1, 1], :, :5])
+    assert torch.equal(layer.keys[:, :, :5], k[[1, 3, 3], :, :5])
+
+
+@pytest.mark.parametrize("n, keep, want", [
+    (5, [1, 3, 4], [4, 1, 3]),      # the last kept rows fill the places of rows 0 and 2
+    (4, [0, 1, 2], [0, 1, 2]),      # only the last row finished: nothing moves
+    (4, [3], [3]),
+    (6, [0, 2, 5], [0, 5, 2]),
+])
+def test_fill_holes_moves_one_row_per_finished_row(n, keep, want):
+    got = fill_holes(n, keep)
+    assert got == want and sorted(got) == keep
+    assert sum(p != j for p, j in enumerate(got)) <= n - len(keep)
+
+
+def test_filling_holes_gives_the_same_logits_as_dropping_rows_in_order(model):
+    """The engine's selection (rows from the end fill the finished rows' places) changes where a row sits in the
+    batch, not what it computes."""
+    def run(order):
+        cache = _grow_cache()
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, 1000, (5, 12), generator=g)
+        attn = torch.ones_like(ids)
+        attn[2:, :3] = 0
+        with torch.inference_mode():
+            logits = model(input_ids=ids, attention_mask=attn, use_cache=True, cache=cache).logits[:, -1]
+            keep = order(5, [1, 3, 4])
+            cache.batch_select_indices(torch.tensor(keep))
+            nxt, attn = logits.argmax(-1, keepdim=True)[keep], attn[keep]
+            attn = torch.cat([attn, attn.new_ones((3, 1))], 1)
+            out = model(input_ids=nxt, attention_mask=attn, use_cache=True, cache=cache).logits[:, -1]
+        return {row: out[p] for p, row in enumerate(keep)}
+    in_order, filled = run(lambda n, keep: keep), run(fill_holes)
+    for row in (1, 3, 4):
+        torch.testing.assert_close(filled[row], in_order[row], rtol=0, atol=1e-6)

@@ -230,6 +230,8 @@ class HFEngine:
     def _generate_batch(self, reqs: list[GenRequest]) -> list[GenResult]:
         import torch
 
+        from atomcli.engines.kv_cache import fill_holes
+
         t0 = time.time()
         results = [GenResult() for _ in reqs]
         live = [i for i, r in enumerate(reqs) if r.max_new_tokens > 0]
@@ -271,6 +273,7 @@ class HFEngine:
                 if not keep:
                     break
                 if len(keep) < len(rows):  # finished rows leave the batch, KV rows included
+                    keep = fill_holes(len(rows), keep)  # rows from the end take their places: one copy each
                     sel = torch.tensor(keep, device=dev)
                     cache.batch_select_indices(sel)
                     attn, last_pos, chosen = attn[sel], last_pos[sel], chosen[keep]

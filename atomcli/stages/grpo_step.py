@@ -315,7 +315,7 @@ def _check_launch(accelerator, config: GRPOConfig) -> None:
 
 def _check_memory(model, mbs, config: GRPOConfig, policy) -> None:
     """Stop before the update when its largest micro-batch cannot fit the memory available (train/memory.py)."""
-    from atomcli.train import memory
+    from atomcli.train import accel, memory
     if not mbs:
         return
     rows, length = max((tuple(mb.input_ids.shape) for mb in mbs), key=lambda s: s[0] * s[1])
@@ -324,6 +324,7 @@ def _check_memory(model, mbs, config: GRPOConfig, policy) -> None:
     memory.check_training("grpo-step", model, batch_rows=rows, tokens_per_row=length,
                           checkpointing=config.gradient_checkpointing, trainable_params=0 if config.lora else None,
                           checkpointed_share=memory.GRPO_CHECKPOINTED_SHARE, extra_bytes=ref,
+                          precision=accel.resolve_precision(config.precision),
                           hint="lower --micro-batch, turn on --gradient-checkpointing, or roll out shorter "
                                "trajectories (--max-turns, --max-new-tokens)")
 

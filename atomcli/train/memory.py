@@ -13,13 +13,15 @@ The estimate is arithmetic, not a measurement:
 - the model's state: fp32 weights, their gradients and AdamW's two moments, 16 bytes a parameter (a LoRA run keeps
   gradients and moments for the adapter only);
 - activations kept for the backward pass, per token and layer, a fixed number of hidden-size and intermediate-size
-  vectors (`ACT_HIDDEN`, `ACT_INTERMEDIATE`), times the tokens of one micro-batch (`batch_size x max_length`); with
+  vectors (`ACT_HIDDEN`, `ACT_INTERMEDIATE`) of `ACT_BYTES[precision]` bytes an element (bf16 autocast keeps the
+  matmuls' outputs in 2 bytes but norms, softmax and the residual stream in 4), times the tokens of one micro-batch
+  (`batch_size x max_length`); with
   gradient checkpointing a share of that (`CHECKPOINTED_SHARE`): in theory only each layer's input is kept, but the
   measured peak of the demo SFT fell by a third, not by nine tenths, so the estimate does not count on more;
 - a margin (`MARGIN`) for the allocator's holes, the fused LM head's chunks and the interpreter.
 
 The constants were fitted so that the estimate lies above the peaks that bench/bench_sft_memory.py measured for the
-demo preset's SFT; the point is to refuse what cannot fit, not to predict the peak to the megabyte.
+demo preset's SFT (fp32) and the real preset's (bf16); the point is to refuse what cannot fit, not to predict the peak to the megabyte.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ GB = 2**30
 STATE_BYTES_PER_PARAM = 16   # fp32 weights + gradients + AdamW's exp_avg and exp_avg_sq
 ACT_HIDDEN = 16              # hidden-size vectors kept per token and layer (norms, q/k/v, attention out, residuals)
 ACT_INTERMEDIATE = 5         # intermediate-size vectors per token and layer (gate, up, activation, product)
+ACT_BYTES = {"fp32": 4.0, "bf16": 3.0}  # bytes an activation element, by precision (resolved: not "auto")
 CHECKPOINTED_SHARE = 0.75    # of the activations, with gradient checkpointing (measured: about 0.67)
 # grpo-step's own forward (no TRL, its chunked LM head, the kept heap released before it) keeps far less with
 # checkpointing: the demo's update, 4 rows padded to 1,072 tokens, took the run-all process from 3.3 to 4.5 GB, where
@@ -60,12 +63,14 @@ class Shape:
 
 
 def training_bytes(shape: Shape, *, batch_rows: int, tokens_per_row: int, checkpointing: bool,
-                   trainable_params: int | None = None, checkpointed_share: float = CHECKPOINTED_SHARE) -> int:
-    """The estimated peak resident bytes of training `shape` on micro-batches of `batch_rows` x `tokens_per_row`."""
+                   trainable_params: int | None = None, checkpointed_share: float = CHECKPOINTED_SHARE,
+                   precision: str = "fp32") -> int:
+    """The estimated peak resident bytes of training `shape` on micro-batches of `batch_rows` x `tokens_per_row`
+    in `precision` (fp32 or bf16)."""
     trainable = shape.params if trainable_params is None else trainable_params
     state = 4 * shape.params + (STATE_BYTES_PER_PARAM - 4) * trainable
     tokens = batch_rows * tokens_per_row
-    per_layer = tokens * (ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate) * 4
+    per_layer = tokens * (ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate) * ACT_BYTES[precision]
     act = shape.layers * per_layer * (checkpointed_share if checkpointing else 1.0)
     return int(BASE_BYTES + MARGIN * (state + act))
 
@@ -93,14 +98,15 @@ def _cap() -> int | None:
 
 def check_training(stage: str, model, *, batch_rows: int, tokens_per_row: int, checkpointing: bool,
                    trainable_params: int | None = None, checkpointed_share: float = CHECKPOINTED_SHARE,
-                   extra_bytes: int = 0, hint: str) -> None:
-    """`check_fits` for training `model` on the CPU (a CUDA run is not checked: see the module docstring)."""
+                   extra_bytes: int = 0, precision: str = "fp32", hint: str) -> None:
+    """`check_fits` for training `model` on the CPU in `precision` (resolved; a CUDA run is not checked: see the
+    module docstring)."""
     import torch
     if torch.cuda.is_available():
         return
     need = training_bytes(Shape.of(model), batch_rows=batch_rows, tokens_per_row=tokens_per_row,
                           checkpointing=checkpointing, trainable_params=trainable_params,
-                          checkpointed_share=checkpointed_share) + extra_bytes
+                          checkpointed_share=checkpointed_share, precision=precision) + extra_bytes
     check_fits(stage, need, hint)
 
 

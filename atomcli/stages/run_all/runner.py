@@ -50,6 +50,7 @@ class Run:
         envelope.table_to_table(stage, mod, cfg, str(inp), str(out), self.ctx)
 
     def rollout_stage(self, cfg, inp: Path, out: Path):
+        from atomcli import heap
         from atomcli.stages import rollout, rollout_io
         if out.exists():
             return
@@ -57,7 +58,8 @@ class Run:
             cfg = self.follow.rollout_config(cfg)
         self.log(f"rollout ({cfg.model}) -> {out.relative_to(self.out)}")
         table = self.read(inp, "rollout")
-        rollout_io.run_to_file(rollout, table, cfg, self.ctx, out=str(out), fmt=None, resume=True)
+        with heap.unbounded():  # no trims for the kept heap's bound while sampling (atomcli/heap.py says why)
+            rollout_io.run_to_file(rollout, table, cfg, self.ctx, out=str(out), fmt=None, resume=True)
 
     def train_stage(self, stage: str, mod, cfg, inp: Path, out: Path):
         from atomcli import envelope
