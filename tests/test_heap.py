@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from conftest import FREED, HELD, atom
@@ -180,6 +181,45 @@ def test_the_guard_trims_a_heap_that_outgrew_its_recent_peak_in_use(monkeypatch)
     assert guard.tick(0.5) == 0.5 and libc.trims == 2
     clock[0] += heap.BOUND_COOLDOWN_S
     assert guard.tick(0.5) == 0.5 and libc.trims == 2     # what that trim left is outside too: no trim at every look
+
+
+def test_unbounded_lifts_only_the_bound_while_sampling(monkeypatch):
+    """run-all samples inside `heap.unbounded()`: a heap over its bound is kept there and trimmed after it, and
+    memory that runs short is still handed back."""
+    gib = 1 << 30
+    share = [0.9]
+    monkeypatch.setattr(heap, "available_share", lambda: share[0])
+    monkeypatch.setattr(heap, "resident_mb", lambda: 12 * 1024)  # 12 GiB resident, 1 GiB in use: over the bound
+    libc = FakeLibc()
+    libc.used = gib
+    guard = heap.Guard(libc, share=0.2, interval=0.5)
+    monkeypatch.setattr(heap, "guard", guard)
+    with heap.unbounded():
+        assert guard.tick(0.5) == 0.5 and libc.trims == 0
+        share[0] = 0.1                                     # short of memory: the reserve still trims
+        guard.tick(0.5)
+        assert libc.trims == 1 and guard.bound_trims == 0
+        share[0] = 0.9
+    assert guard.bounding
+    guard.tick(0.5)
+    assert libc.trims == 2 and guard.bound_trims == 1
+
+
+def test_run_all_samples_without_the_bound(monkeypatch, tmp_path):
+    """Run.rollout_stage (run-all's rollouts and evals) runs inside heap.unbounded()."""
+    from atomcli.stages import rollout_io
+    from atomcli.stages.run_all.runner import Run
+    guard = heap.Guard(CountingLibc(), share=0.2)
+    monkeypatch.setattr(heap, "guard", guard)
+    seen = []
+    monkeypatch.setattr(rollout_io, "run_to_file", lambda *a, **k: seen.append(guard.bounding))
+    runner = Run.__new__(Run)
+    runner.follow, runner.out = None, tmp_path
+    runner.log = lambda msg: None
+    runner.read = lambda path, stage: None
+    runner.ctx = None
+    Run.rollout_stage(runner, SimpleNamespace(model="m"), tmp_path / "q.parquet", tmp_path / "r.parquet")
+    assert seen == [False] and guard.bounding
 
 
 def test_without_mallinfo2_the_guard_only_watches_available_memory(monkeypatch):

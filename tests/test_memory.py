@@ -42,6 +42,9 @@ def test_refusal_names_need_availability_and_the_settings_that_lower_it(monkeypa
     line = e.value.one_line()
     assert "needs about 10.0 GB" in line and "4.0 GB is available" in line and "--batch-size" in line
     memory.check_fits("sft", 3 * memory.GB, "x", available=4 * memory.GB)  # fits: no error
+    with pytest.raises(InputError) as e:  # figures that round alike get more digits
+        memory.check_fits("sft", int(13.24 * memory.GB), "x", available=int(13.21 * memory.GB))
+    assert "needs about 13.24 GB" in e.value.one_line() and "13.21 GB is available" in e.value.one_line()
     monkeypatch.setenv(memory.CAP_ENV, "2")  # a smaller machine than this one
     with pytest.raises(InputError):
         memory.check_fits("sft", 3 * memory.GB, "x", available=4 * memory.GB)

@@ -133,5 +133,8 @@ def check_fits(stage: str, need: int, hint: str, *, available: int | None = None
         return
     from atomcli import sysmem
     where = f"as {CAP_ENV} asks" if capped else sysmem.describe()  # read only for the refusal
-    raise InputError(f"{stage} needs about {need / GB:.1f} GB of memory and {have / GB:.1f} GB is available "
-                     f"({where})", hint=f"{hint}; or set {SKIP_ENV}=0 to try anyway")
+    digits = 1
+    while digits < 3 and f"{need / GB:.{digits}f}" == f"{have / GB:.{digits}f}":  # never "needs 13.2 ... 13.2 is"
+        digits += 1
+    raise InputError(f"{stage} needs about {need / GB:.{digits}f} GB of memory and {have / GB:.{digits}f} GB is "
+                     f"available ({where})", hint=f"{hint}; or set {SKIP_ENV}=0 to try anyway")
