@@ -15,13 +15,14 @@ The estimate is arithmetic, not a measurement:
 - activations kept for the backward pass, per token and layer, a fixed number of hidden-size and intermediate-size
   vectors (`ACT_HIDDEN`, `ACT_INTERMEDIATE`) of `ACT_BYTES[precision]` bytes an element (bf16 autocast keeps the
   matmuls' outputs in 2 bytes but norms, softmax and the residual stream in 4), times the tokens of one micro-batch
-  (`batch_size x max_length`); with
-  gradient checkpointing a share of that (`CHECKPOINTED_SHARE`): in theory only each layer's input is kept, but the
-  measured peak of the demo SFT fell by a third, not by nine tenths, so the estimate does not count on more;
+  (`batch_size x max_length`); with gradient checkpointing a share of that (`CHECKPOINTED_SHARE`): in theory only
+  each layer's input is kept, but the measured peak of the demo SFT fell by a third, not by nine tenths, so the
+  estimate does not count on more;
 - a margin (`MARGIN`) for the allocator's holes, the fused LM head's chunks and the interpreter.
 
 The constants were fitted so that the estimate lies above the peaks that bench/bench_sft_memory.py measured for the
-demo preset's SFT (fp32) and the real preset's (bf16); the point is to refuse what cannot fit, not to predict the peak to the megabyte.
+demo preset's SFT (fp32) and the real preset's (bf16); the point is to refuse what cannot fit, not to predict the
+peak to the megabyte.
 """
 
 from __future__ import annotations
