@@ -126,3 +126,24 @@ def test_filling_holes_gives_the_same_logits_as_dropping_rows_in_order(model):
     in_order, filled = run(lambda n, keep: keep), run(fill_holes)
     for row in (1, 3, 4):
         torch.testing.assert_close(filled[row], in_order[row], rtol=0, atol=1e-6)
+
+
+def test_rows_join_in_spare_rows_ending_where_the_others_end():
+    k = torch.arange(3 * 2 * 8 * 3, dtype=torch.float32).reshape(3, 2, 8, 3)
+    layer = GrowLayer(k.clone(), -k.clone(), 5)
+    buffer = layer._k
+    layer.batch_select_indices(torch.tensor([2]))        # two rows finished: their rows are spare
+    new = torch.full((2, 3, 3), 7.0)                      # a row 3 slots long joins one 5 slots long
+    layer.add_rows([(new, -new), (new[:, :1], -new[:, :1])])
+    assert layer._k.data_ptr() == buffer.data_ptr()      # in the spare rows, no new buffer
+    assert layer.keys.shape == (3, 2, 5, 3) and torch.equal(layer.keys[0], k[2, :, :5])
+    assert torch.equal(layer.keys[1, :, 2:], new) and not layer.keys[1, :, :2].any()
+    assert torch.equal(layer.values[2, :, 4:], -new[:, :1]) and not layer.values[2, :, :4].any()
+    layer.add_rows([(new, -new)])                         # more rows than the buffer holds: a larger one
+    assert layer._k.data_ptr() != buffer.data_ptr() and layer.keys.shape[0] == 4
+    assert torch.equal(layer.keys[0], k[2, :, :5]) and torch.equal(layer.keys[3, :, 2:], new)
+    layer.pad_left(2)                                     # room for a longer row before every row
+    assert layer.get_seq_length() == 7 and not layer.keys[:, :, :2].any()
+    assert torch.equal(layer.keys[0, :, 2:], k[2, :, :5]) and torch.equal(layer.keys[3, :, 4:], new)
+    keys, _ = layer.update(torch.ones(4, 2, 1, 3), torch.ones(4, 2, 1, 3))
+    assert keys.shape[-2] == 8 and bool((keys[:, :, 7] == 1).all())

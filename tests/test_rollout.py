@@ -589,6 +589,34 @@ def test_kv_reuse_gives_the_same_samples_with_less_prefill(loaded):
     assert not engines[True].sessions
 
 
+def test_a_finished_rows_place_is_taken_at_once_with_the_same_samples(loaded):
+    """Six requests through 2 rows: each finished row's successor joins the running batch (its KV ending where the
+    others' does, shorter or longer than theirs), and every request samples what it samples with all in one batch."""
+    from atomcli.engines.base import GenRequest
+    from atomcli.engines.hf import HFEngine
+    ctx, model, tok = loaded
+    shared = list(range(1000, 1040))
+    contexts = {f"t{i}": shared + [2000 + i] * (3 * i + 1) for i in range(6)}
+    caps = [2, 9, 3, 8, 4, 7]
+    out = {}
+    for rows in (2, 16):
+        engine = HFEngine("tiny", model, tok, batch_size=rows)
+        ctxs, turns = dict(contexts), []
+        for turn in range(2):   # the second turn reuses each trajectory's KV from the first
+            reqs = [GenRequest(ids, cap, seed=7 + k, temperature=1.0, key=key)
+                    for k, ((key, ids), cap) in enumerate(zip(ctxs.items(), caps))]
+            res = engine.generate(reqs)
+            turns.append([(r.ids, r.logprobs, r.stop) for r in res])
+            ctxs = {k: ids + r.ids + [3000 + turn] * (2 + len(k)) for (k, ids), r in zip(ctxs.items(), res)}
+        out[rows] = turns, engine
+    for a, b in zip(out[2][0], out[16][0]):
+        for (ids_a, lp_a, stop_a), (ids_b, lp_b, stop_b) in zip(a, b):
+            assert ids_a == ids_b and stop_a == stop_b
+            torch.testing.assert_close(torch.tensor(lp_a), torch.tensor(lp_b), rtol=0, atol=1e-4)
+    two = out[2][1]
+    assert two.row_steps / (2 * two.decode_steps) > 0.85   # the two rows stay busy until the queue is empty
+
+
 def test_bf16_precision_samples_with_a_bfloat16_copy_of_the_policy(tiny_model):
     """--precision bf16 samples with a bfloat16 copy (the fp32 policy stays as it is); the recorded log-probs are
     that copy's, close to an fp32 pass; an unknown precision is refused naming the valid ones."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 
 from atomcli.engines.base import GenRequest, GenResult
 
@@ -71,6 +72,10 @@ class HFEngine:
     kind = "hf"
     MIN_SHARED = 32      # shortest common prompt prefix worth computing once for many rows
     MAX_PREFIXES = 4     # shared prefixes kept (the system prompt, the reader's instructions, ...)
+    # the rollout keeps this many times batch_size trajectories going: a turn's requests then outnumber the rows,
+    # and a finished row takes the next at once (_stream). Simulated on a real round's 2,045 turns (decode steps
+    # costing a fixed part plus a part a row): 2 times does most of what a never-emptying batch would.
+    pool_factor = 2
 
     def __init__(self, spec: str, model, tok, *, batch_size: int = 16, reuse_kv: bool = True):
         self.name, self.model, self.tokenizer = spec, model, tok
@@ -88,6 +93,8 @@ class HFEngine:
         self.prefixes: list[tuple[list[int], list]] = []        # shared prompt prefixes, newest first
         self.generated_tokens = 0
         self.prefilled_tokens = 0
+        self.decode_steps = 0   # forward passes of one token a row...
+        self.row_steps = 0      # ...and the rows they carried: row_steps / (decode_steps x batch_size) is how full
         self.seconds = 0.0
         # the browse reader (`--reader policy`) calls `complete` from tool threads: one batch at a time
         self._lock = threading.Lock()
@@ -101,15 +108,14 @@ class HFEngine:
             self.sessions.pop(key, None)
 
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
-        """One turn for every request, `batch_size` rows at a time (longest contexts together)."""
+        """One turn for every request, through `batch_size` rows that a finished row's successor fills at once
+        (`_stream`), longest contexts first."""
+        order = sorted(range(len(requests)), key=lambda i: len(requests[i].ids), reverse=True)
+        with self._lock:
+            batch = self._stream([requests[i] for i in order])
         out: list[GenResult | None] = [None] * len(requests)
-        order = sorted(range(len(requests)), key=lambda i: len(requests[i].ids))
-        for s in range(0, len(order), self.batch_size):
-            idx = order[s:s + self.batch_size]
-            with self._lock:
-                batch = self._generate_batch([requests[i] for i in idx])
-            for i, r in zip(idx, batch):
-                out[i] = r
+        for i, r in zip(order, batch):
+            out[i] = r
         return out  # type: ignore[return-value]
 
     def complete(self, prompts: list[str], max_new_tokens: int = 256) -> list[str]:
@@ -227,66 +233,127 @@ class HFEngine:
 
     # --- the decode loop ------------------------------------------------------------------
 
-    def _generate_batch(self, reqs: list[GenRequest]) -> list[GenResult]:
+    def _stream(self, reqs: list[GenRequest]) -> list[GenResult]:
+        """One turn for every request through `batch_size` rows: a finished row's place is taken by the next
+        request at once (its prefill, then it decodes with the others), so the batch stays full until the queue is
+        empty. `reqs` come longest first: a request that joins later is no longer than the rows already decoding,
+        and its KV fits before theirs end (`GrowLayer.add_rows`); a longer one pads the batch on the left first."""
         import torch
 
-        from atomcli.engines.kv_cache import fill_holes
+        from atomcli.engines.kv_cache import GrowLayer, fill_holes
 
         t0 = time.time()
         results = [GenResult() for _ in reqs]
-        live = [i for i, r in enumerate(reqs) if r.max_new_tokens > 0]
-        if not live:
-            return results
+        queue = deque(i for i, r in enumerate(reqs) if r.max_new_tokens > 0)
         dev = self.model.device
-        gens = {i: torch.Generator().manual_seed(int(reqs[i].seed)) for i in live}
-        scanners = {i: StopScanner(self.tokenizer, reqs[i].stops) for i in live}
-        temps = torch.tensor([float(reqs[i].temperature) for i in live])
-        top_ps = torch.tensor([float(reqs[i].top_p) for i in live])
+        gens: dict[int, torch.Generator] = {}
+        scanners: dict[int, StopScanner] = {}
+        rows: list[int] = []   # the request decoding in each batch row
+        cache = attn = last_pos = chosen = None
+
+        def absorb(which: list[int], chosen, logp, cache, attn) -> list[int]:
+            """Append each row's sampled token; the positions in `which` of the rows that go on."""
+            keep = []
+            for j, i in enumerate(which):
+                t = int(chosen[j])
+                res = results[i]
+                res.ids.append(t)
+                res.logprobs.append(float(logp[j]))
+                if t in self.eos:
+                    res.stop = "eos"
+                elif scanners[i].push(t, self._pieces):
+                    res.stop = "stop"
+                elif len(res.ids) >= reqs[i].max_new_tokens:
+                    res.stop = "length"
+                else:
+                    keep.append(j)
+                    continue
+                self._keep_session(reqs[i], res, cache, attn, j)
+            return keep
+
+        def sample(which: list[int], logits):
+            temps = torch.tensor([float(reqs[i].temperature) for i in which])
+            top_ps = torch.tensor([float(reqs[i].top_p) for i in which])
+            return _sample(logits.float(), temps, top_ps, [gens[i] for i in which])
+
         with torch.inference_mode():
-            cache, input_ids, attn, pos = self._assemble(reqs, live, self._pasts(reqs, live))
-            logits = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos,
-                                use_cache=True, logits_to_keep=1, **{self._cache_kw: cache}).logits[:, -1, :]
-            if self.reuse_kv and not all(type(layer).__name__ in ("DynamicLayer", "GrowLayer") for layer in cache.layers):
-                self.reuse_kv = False  # sliding-window or recurrent caches: no reuse, plain prefill
-                self.sessions.clear()
-                self.prefixes.clear()
-            last_pos = pos[:, -1]
-            rows = list(live)
-            while rows:
-                chosen, logp = _sample(logits.float(), temps, top_ps, [gens[i] for i in rows])
-                keep = []
-                for j, i in enumerate(rows):
-                    t = int(chosen[j])
-                    res = results[i]
-                    res.ids.append(t)
-                    res.logprobs.append(float(logp[j]))
-                    if t in self.eos:
-                        res.stop = "eos"
-                    elif scanners[i].push(t, self._pieces):
-                        res.stop = "stop"
-                    elif len(res.ids) >= reqs[i].max_new_tokens:
-                        res.stop = "length"
-                    else:
-                        keep.append(j)
+            while True:
+                # prefill requests into the free rows (joining a running batch needs GrowLayer's add_rows)
+                if queue and len(rows) < self.batch_size and (not rows or all(
+                        isinstance(layer, GrowLayer) for layer in cache.layers)):
+                    new = [queue.popleft() for _ in range(min(self.batch_size - len(rows), len(queue)))]
+                    if not rows:
+                        new.reverse()  # the first batch in the order it always had (shortest first)
+                    for i in new:
+                        gens[i] = torch.Generator().manual_seed(int(reqs[i].seed))
+                        scanners[i] = StopScanner(self.tokenizer, reqs[i].stops)
+                    c_new, ids_new, attn_new, pos_new = self._assemble(reqs, new, self._pasts(reqs, new))
+                    logits = self.model(input_ids=ids_new, attention_mask=attn_new, position_ids=pos_new,
+                                        use_cache=True, logits_to_keep=1, **{self._cache_kw: c_new}).logits[:, -1, :]
+                    if self.reuse_kv and not all(type(layer).__name__ in ("DynamicLayer", "GrowLayer")
+                                                 for layer in c_new.layers):
+                        self.reuse_kv = False  # sliding-window or recurrent caches: no reuse, plain prefill
+                        self.sessions.clear()
+                        self.prefixes.clear()
+                    picked, logp = sample(new, logits)
+                    keep = absorb(new, picked, logp, c_new, attn_new)
+                    if keep and not rows:  # the first rows become the batch as they are
+                        keep = fill_holes(len(new), keep)
+                        sel = torch.tensor(keep, device=dev)
+                        if len(keep) < len(new):
+                            c_new.batch_select_indices(sel)
+                        cache, attn, last_pos, chosen = c_new, attn_new[sel], pos_new[sel, -1], picked[keep]
+                        rows = [new[j] for j in keep]
+                    elif keep:  # later rows join the running batch, ending where its rows end
+                        attn, last_pos, chosen = self._join(cache, attn, last_pos, chosen, c_new, attn_new,
+                                                            pos_new, picked, keep)
+                        rows += [new[j] for j in keep]
+                    if len(rows) < self.batch_size and queue:
                         continue
-                    self._keep_session(reqs[i], res, cache, attn, j)
-                if not keep:
+                if not rows:
                     break
-                if len(keep) < len(rows):  # finished rows leave the batch, KV rows included
-                    keep = fill_holes(len(rows), keep)  # rows from the end take their places: one copy each
-                    sel = torch.tensor(keep, device=dev)
-                    cache.batch_select_indices(sel)
-                    attn, last_pos, chosen = attn[sel], last_pos[sel], chosen[keep]
-                    temps, top_ps = temps[keep], top_ps[keep]
-                    rows = [rows[j] for j in keep]
                 attn = torch.cat([attn, attn.new_ones((len(rows), 1))], dim=1)
                 last_pos = last_pos + 1
                 logits = self.model(input_ids=chosen[:, None].to(dev), attention_mask=attn,
                                     position_ids=last_pos[:, None], use_cache=True,
                                     **{self._cache_kw: cache}).logits[:, -1, :]
+                self.decode_steps += 1
+                self.row_steps += len(rows)
+                chosen, logp = sample(rows, logits)
+                keep = absorb(rows, chosen, logp, cache, attn)
+                if len(keep) < len(rows):  # finished rows leave the batch, KV rows included
+                    if not keep:
+                        rows, cache = [], None
+                        continue
+                    keep = fill_holes(len(rows), keep)  # rows from the end take their places: one copy each
+                    sel = torch.tensor(keep, device=dev)
+                    cache.batch_select_indices(sel)
+                    attn, last_pos, chosen = attn[sel], last_pos[sel], chosen[keep]
+                    rows = [rows[j] for j in keep]
         self.generated_tokens += sum(len(r.ids) for r in results)
         self.seconds += time.time() - t0
         return results
+
+    @staticmethod
+    def _join(cache, attn, last_pos, chosen, c_new, attn_new, pos_new, picked, keep):
+        """Rows `keep` of a just-prefilled batch join the running one: each row's filled KV slots go to a spare row
+        of the running cache, ending at its filled length; returns the running mask, positions and next tokens."""
+        import torch
+        valid = [attn_new[j].nonzero().squeeze(-1) for j in keep]
+        longest = max(len(v) for v in valid)
+        if longest > attn.shape[1]:  # a longer row than the batch's: room before every running row
+            extra = longest - attn.shape[1]
+            for layer in cache.layers:
+                layer.pad_left(extra)
+            attn = torch.cat([attn.new_zeros((attn.shape[0], extra)), attn], dim=1)
+        for layer, new_layer in zip(cache.layers, c_new.layers):
+            layer.add_rows([(new_layer.keys[j][:, v], new_layer.values[j][:, v]) for j, v in zip(keep, valid)])
+        width = attn.shape[1]
+        joined = attn.new_zeros((len(keep), width))
+        for r, v in enumerate(valid):
+            joined[r, width - len(v):] = 1
+        return (torch.cat([attn, joined]), torch.cat([last_pos, pos_new[keep, -1]]),
+                torch.cat([chosen, picked[keep]]))
 
 
 def _is_prefix(a: list[int], b: list[int]) -> bool:

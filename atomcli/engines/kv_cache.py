@@ -23,11 +23,17 @@ class GrowLayer(DynamicLayer):
     def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, length: int = 0):
         """Optionally start from preallocated buffers [batch, heads, capacity, dim] whose first `length` slots are filled."""
         super().__init__()
-        self._k, self._v, self._n, self._exposed = keys, values, length, None
+        self._n, self._exposed = length, None
+        self._own(keys, values)
         if keys is not None:
             self.device = keys.device
             self.is_initialized = True
             self._expose()
+
+    def _own(self, keys: torch.Tensor | None, values: torch.Tensor | None) -> None:
+        """New buffers: all their rows are live. `_k`/`_v` are the live rows, a prefix of `_rows_k`/`_rows_v`, whose
+        spare rows (left by finished rows) `add_rows` fills again."""
+        self._k, self._v = self._rows_k, self._rows_v = keys, values
 
     def _expose(self) -> None:
         self.keys = self._k[:, :, :self._n]
@@ -39,10 +45,11 @@ class GrowLayer(DynamicLayer):
         if self._k is not None and self.keys is self._exposed:
             return
         if self.keys is None or self.keys.numel() == 0:
-            self._k = self._v = None
+            self._own(None, None)
             self._n = 0
         else:
-            self._k, self._v, self._n = self.keys.contiguous(), self.values.contiguous(), self.keys.shape[-2]
+            self._own(self.keys.contiguous(), self.values.contiguous())
+            self._n = self.keys.shape[-2]
             self._expose()
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -60,7 +67,7 @@ class GrowLayer(DynamicLayer):
             if self._n:
                 k[:, :, :self._n] = self._k[:, :, :self._n]
                 v[:, :, :self._n] = self._v[:, :, :self._n]
-            self._k, self._v = k, v
+            self._own(k, v)
         self._k[:, :, self._n:need] = key_states
         self._v[:, :, self._n:need] = value_states
         self._n = need
@@ -93,7 +100,7 @@ class GrowLayer(DynamicLayer):
             return
         idx = indices.tolist()
         if not idx or min(idx) < 0 or max(idx) >= self._k.shape[0] or len(idx) > self._k.shape[0]:
-            self._k, self._v = self._k[indices], self._v[indices]
+            self._own(self._k[indices], self._v[indices])
             self._expose()
             return
         moved = [(p, j) for p, j in enumerate(idx) if p != j]
@@ -104,6 +111,40 @@ class GrowLayer(DynamicLayer):
             self._k[dst, :, :n] = self._k[src, :, :n]  # the right side is gathered first: overlapping rows are safe
             self._v[dst, :, :n] = self._v[src, :, :n]
         self._k, self._v = self._k[:len(idx)], self._v[:len(idx)]
+        self._expose()
+
+    def add_rows(self, rows: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Append rows after the live ones, each given as its own (keys, values) [heads, m, dim] with m <= the filled
+        length, placed so that they end where the others do (the caller's mask hides the slots before them). Spare
+        rows of the buffer are reused; more rows than it has make a larger one (the live rows copied once)."""
+        self._sync()
+        b, want = self._k.shape[0], self._k.shape[0] + len(rows)
+        if self._rows_k.shape[0] < want:
+            shape = (want, *self._k.shape[1:])
+            k, v = self._k.new_zeros(shape), self._v.new_zeros(shape)
+            k[:b, :, :self._n] = self._k[:, :, :self._n]
+            v[:b, :, :self._n] = self._v[:, :, :self._n]
+            self._own(k, v)
+        self._k, self._v = self._rows_k[:want], self._rows_v[:want]
+        for r, (keys, values) in enumerate(rows):
+            m = keys.shape[-2]
+            self._k[b + r, :, :self._n - m] = 0
+            self._k[b + r, :, self._n - m:self._n] = keys
+            self._v[b + r, :, :self._n - m] = 0
+            self._v[b + r, :, self._n - m:self._n] = values
+        self._expose()
+
+    def pad_left(self, k: int) -> None:
+        """Put `k` empty slots before every row's filled ones (a longer row is about to join)."""
+        self._sync()
+        if k <= 0 or self._k is None:
+            return
+        shape = (*self._k.shape[:2], max(self._k.shape[-2], self._n + k), self._k.shape[-1])
+        nk, nv = self._k.new_zeros(shape), self._v.new_zeros(shape)
+        nk[:, :, k:k + self._n] = self._k[:, :, :self._n]
+        nv[:, :, k:k + self._n] = self._v[:, :, :self._n]
+        self._own(nk, nv)
+        self._n += k
         self._expose()
 
 

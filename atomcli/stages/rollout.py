@@ -80,8 +80,9 @@ class RolloutConfig:
     temperature: float = opt(1.0, "sampling temperature (0 = greedy)")
     top_p: float = opt(1.0, "nucleus sampling", advanced=True)
     seed: int = opt(0, "random seed: same seed, same output")
-    batch_size: int = opt(16, "trajectories advanced together, one turn per batched generate "
-                              "(openai engine: requests per turn, --concurrency of them in flight)", advanced=True)
+    batch_size: int = opt(16, "rows sampled together (the in-process engine keeps twice as many trajectories "
+                              "going and gives a finished row's place to the next at once; openai engine: requests "
+                              "per turn, --concurrency of them in flight)", advanced=True)
     k: int = opt(10, "search results per query", advanced=True)
     cache: str = opt("", "SQLite cache file for searches and pages")
     replay: bool = opt(False, "serve tools only from --cache (a recorded environment)", advanced=True)
@@ -280,7 +281,9 @@ def _loop(agent: Agent, engine, toolbox, episodes, questions, config, monitor, t
             monitor.group_done()
 
     while pending or active:
-        while pending and len(active) < config.batch_size:
+        # an engine that refills its rows within a turn (HFEngine) is handed more trajectories than it has rows,
+        # so the rows stay busy while the turn's longest replies finish
+        while pending and len(active) < config.batch_size * getattr(engine, "pool_factor", 1):
             ep = pending.popleft()
             agent.start(ep, questions[ep.row])
             if ep.finish_reason:
