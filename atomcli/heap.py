@@ -26,9 +26,9 @@ heap), it trims too. Without the bound a long SFT's holes piled up until the mac
 steps use (bench/RESULTS.md, "The process heap"); with it the heap keeps about one training step's worth of free
 pages. Each such trim costs page faults when the pages are used again, so the bound trims at most once per
 BOUND_COOLDOWN_S; ATOM_HEAP_BOUND=0 turns it off where memory is plentiful. run-all lifts the bound while it samples
-(`unbounded()`: its rollouts and evals), where those page faults cost more than a tenth of a rollout's time
-(bench/bench_rollout_arms.py) and the heap is handed back before and after each training stage anyway; the reserve
-still applies there.
+(`unbounded()`: its rollouts and evals), where those page faults slowed the sampling (bench/RESULTS.md,
+`bench_rollout_arms.py`) and the heap is handed back before and after each training stage anyway; the reserve still
+applies there.
 
 Where it applies: `retain()` is a tune for training on a CPU, where it was measured. `atom` calls `start(command)`
 when it starts, before torch allocates anything, and that retains the heap only for the commands that train

@@ -73,8 +73,8 @@ class HFEngine:
     MIN_SHARED = 32      # shortest common prompt prefix worth computing once for many rows
     MAX_PREFIXES = 4     # shared prefixes kept (the system prompt, the reader's instructions, ...)
     # the rollout keeps this many times batch_size trajectories going: a turn's requests then outnumber the rows,
-    # and a finished row takes the next at once (_stream). Simulated on a real round's 2,045 turns (decode steps
-    # costing a fixed part plus a part a row): 2 times does most of what a never-emptying batch would.
+    # and a finished row takes the next at once (_stream). Twice is enough: a decode step costs a fixed part plus a
+    # part a row, so what is left to gain is the tail of each turn, and a larger pool only holds more KV sessions.
     pool_factor = 2
 
     def __init__(self, spec: str, model, tok, *, batch_size: int = 16, reuse_kv: bool = True):

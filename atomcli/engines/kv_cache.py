@@ -91,10 +91,8 @@ class GrowLayer(DynamicLayer):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the rows `indices`, in that order, inside the same buffer: only rows whose place changes are copied
         (gathered first, so a row may move onto one that moves away). The engine fills a finished row's place with
-        a row from the end of the batch (`fill_holes`), one copy per finished row. A new full-capacity buffer at
-        every finished row was 7% of a rollout's time (50 rows up to 2k tokens deep, bf16); moving every later row
-        down one place instead was 4% of a profile's samples, and filling from the end saves about 1% of the wall
-        time over that (bench/RESULTS.md)."""
+        a row from the end of the batch (`fill_holes`), one copy per finished row, where a new full-capacity buffer
+        at every finished row cost a rollout a noticeable share of its time (bench/RESULTS.md)."""
         self._sync()
         if self._k is None:
             return
