@@ -1,9 +1,11 @@
 """The in-process rollout engine: batched, KV-cached sampling with a transformers model.
 
 `HFEngine.generate(requests)` advances every request by one assistant turn in one batched
-decode loop: the contexts are left-padded and prefilled together, then each step samples
-one token per row, and a row leaves the batch (its KV rows are dropped) as soon as it ends:
-at a stop string, at an end-of-sequence token, or at its own token cap.
+decode loop of `batch_size` rows: the contexts are left-padded and prefilled together, then
+each step samples one token per row, and a row leaves the batch (its KV rows are dropped) as
+soon as it ends: at a stop string, at an end-of-sequence token, or at its own token cap. Its
+place goes at once to the next request, prefilled and joined to the running batch, so the
+rows stay busy while a turn's longest replies finish (`_stream`).
 
 Prefill is reused (`reuse_kv`, on by default): a trajectory's KV cache is kept between its
 turns (requests carry the trajectory id as `key`), so a turn only prefills the tool response

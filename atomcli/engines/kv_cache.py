@@ -8,6 +8,9 @@ that is ~0.5 GB of copying per step, as much time as the model's own matmuls
 into the next free slots; `keys`/`values` are views of the filled part, so attention sees
 exactly what `DynamicLayer` would give it.
 
+Rows leave and join in place too: `batch_select_indices` moves kept rows inside the buffer,
+and `add_rows` writes a joining row's KV into a row left spare, ending where the others end.
+
 It stays a `DynamicLayer` for everything else (masks, sequence length, batch selection), and
 if some library code replaces `keys`/`values` behind its back it adopts the new tensors on
 the next call instead of writing into stale buffers.
