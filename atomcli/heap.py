@@ -165,8 +165,8 @@ class Guard(threading.Thread):
 
     def over_bound(self) -> bool:
         """Is resident memory above the recent peak in use by more than the bound allows, with the last trim for
-        the bound BOUND_COOLDOWN_S ago or more?"""
-        if self.bound is None:
+        the bound BOUND_COOLDOWN_S ago or more? The peak in use is sampled only while bounding."""
+        if self.bound is None or not self.bounding:  # nothing to decide: no mallinfo2 walk of the arenas either
             return False
         used, rss = in_use_bytes(self.libc), resident_mb()
         if used is None or rss is None:
@@ -175,7 +175,7 @@ class Guard(threading.Thread):
         self.recent = [(t, b) for t, b in self.recent if now - t <= WINDOW_S] + [(now, used)]
         peak = max(b for _, b in self.recent)
         cooled = self.last_bound_trim is None or now - self.last_bound_trim >= BOUND_COOLDOWN_S
-        return self.bounding and cooled and rss * 2**20 > peak * (1 + self.bound) + BOUND_MIN_BYTES + self.outside
+        return cooled and rss * 2**20 > peak * (1 + self.bound) + BOUND_MIN_BYTES + self.outside
 
     def trim(self) -> None:
         self.trims += 1  # counted first: whoever sees the pages gone also sees the trim that handed them back

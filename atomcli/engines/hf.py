@@ -273,6 +273,20 @@ class HFEngine:
                 self._keep_session(reqs[i], res, cache, attn, j)
             return keep
 
+        def drop(keep: list[int]) -> None:
+            """Finished rows leave the batch, KV rows included; rows from the end take their places (one copy each)."""
+            nonlocal cache, attn, last_pos, chosen, rows
+            if len(keep) == len(rows):
+                return
+            if not keep:
+                rows, cache = [], None
+                return
+            keep = fill_holes(len(rows), keep)
+            sel = torch.tensor(keep, device=dev)
+            cache.batch_select_indices(sel)
+            attn, last_pos, chosen = attn[sel], last_pos[sel], chosen[keep]
+            rows = [rows[j] for j in keep]
+
         def sample(which: list[int], logits):
             temps = torch.tensor([float(reqs[i].temperature) for i in which])
             top_ps = torch.tensor([float(reqs[i].top_p) for i in which])
@@ -299,13 +313,9 @@ class HFEngine:
                         self.prefixes.clear()
                     picked, logp = sample(new, logits)
                     keep = absorb(new, picked, logp, c_new, attn_new)
-                    if keep and not rows:  # the first rows become the batch as they are
-                        keep = fill_holes(len(new), keep)
-                        sel = torch.tensor(keep, device=dev)
-                        if len(keep) < len(new):
-                            c_new.batch_select_indices(sel)
-                        cache, attn, last_pos, chosen = c_new, attn_new[sel], pos_new[sel, -1], picked[keep]
-                        rows = [new[j] for j in keep]
+                    if keep and not rows:  # the first rows become the batch, less those that already ended
+                        cache, attn, last_pos, chosen, rows = c_new, attn_new, pos_new[:, -1], picked, new
+                        drop(keep)
                     elif keep:  # later rows join the running batch, ending where its rows end
                         attn, last_pos, chosen = self._join(cache, attn, last_pos, chosen, c_new, attn_new,
                                                             pos_new, picked, keep)
@@ -322,16 +332,7 @@ class HFEngine:
                 self.decode_steps += 1
                 self.row_steps += len(rows)
                 chosen, logp = sample(rows, logits)
-                keep = absorb(rows, chosen, logp, cache, attn)
-                if len(keep) < len(rows):  # finished rows leave the batch, KV rows included
-                    if not keep:
-                        rows, cache = [], None
-                        continue
-                    keep = fill_holes(len(rows), keep)  # rows from the end take their places: one copy each
-                    sel = torch.tensor(keep, device=dev)
-                    cache.batch_select_indices(sel)
-                    attn, last_pos, chosen = attn[sel], last_pos[sel], chosen[keep]
-                    rows = [rows[j] for j in keep]
+                drop(absorb(rows, chosen, logp, cache, attn))
         self.generated_tokens += sum(len(r.ids) for r in results)
         self.seconds += time.time() - t0
         return results

@@ -123,14 +123,13 @@ def run(table, config: SFTConfig, context):
 
 def _check_memory(model, examples: dict, config: SFTConfig) -> None:
     """Stop before the first step when the largest micro-batch cannot fit the memory available (train/memory.py)."""
-    from atomcli.train import memory
+    from atomcli.train import accel, memory
     longest = min(config.max_length, max((len(ids) for ids in examples["input_ids"]), default=0))
     if config.pad_multiple > 0:
         longest = -(-longest // config.pad_multiple) * config.pad_multiple
-    from atomcli.train.accel import resolve_precision
     memory.check_training("sft", model, batch_rows=config.batch_size, tokens_per_row=longest,
                           checkpointing=config.gradient_checkpointing, trainable_params=0 if config.lora else None,
-                          precision=resolve_precision(config.precision),
+                          precision=accel.resolve_precision(config.precision),
                           hint="lower --batch-size (raise --grad-accum for the same update), turn on "
                                "--gradient-checkpointing, or lower --max-length")
 
