@@ -30,6 +30,14 @@ BOUND_COOLDOWN_S; ATOM_HEAP_BOUND=0 turns it off where memory is plentiful. run-
 `bench_rollout_arms.py`) and the heap is handed back before and after each training stage anyway; the reserve still
 applies there.
 
+Between two trims for the bound the heap can still grow by one window's holes, several GB in a long SFT whose batches
+change length. So the guard also keeps a ceiling: a training stage's memory check (atomcli/train/memory.py) sets it to
+the stage's estimated peak, the figure the check compared with the machine's memory, and resident memory above it is
+trimmed at once (at most once per CEILING_COOLDOWN_S), bound lifted or not. The process then stays within what its
+check said it needs. A trim that leaves resident memory near the ceiling shows the estimate was low for this process:
+the ceiling then follows what is in use instead of trimming at every look. ATOM_HEAP_CEILING sets it in GB instead
+of the estimate, `0` turns it off.
+
 Where it applies: `retain()` is a tune for training on a CPU, where it was measured. `atom` calls `start(command)`
 when it starts, before torch allocates anything, and that retains the heap only for the commands that train
 (`TRAINING`) on a machine without a CUDA device; evals, rollouts, `atom index` and GPU runs keep glibc's defaults.
@@ -69,6 +77,9 @@ BOUND_MIN_BYTES = 1 << 30  # ...plus this (the interpreter, torch's code and Pyt
 # the bound fired every ~35 s and the next step faulted the same pages back in. At most one bound trim per window
 # caps that cost; the heap can outgrow its bound between two trims by one window's creep only.
 BOUND_COOLDOWN_S = WINDOW_S
+CEILING_ENV = "ATOM_HEAP_CEILING"
+CEILING_COOLDOWN_S = 10.0  # a few steps' creep at most above the ceiling between two looks that trim
+CEILING_NEAR = 0.9         # a trim that leaves resident memory above this share of the ceiling lifts it (docstring)
 
 
 class _MallInfo2(ctypes.Structure):
@@ -128,6 +139,29 @@ def bound_share() -> float | None:
                       f"a number from 0 (no bound) up, e.g. {BOUND_SHARE}") or None
 
 
+def ceiling_gb() -> float | None:
+    """ATOM_HEAP_CEILING in GB (2**30 bytes): a number, 0 for no ceiling; None when unset (the stages' estimates)."""
+    from atomcli.errors import InputError
+    raw = os.environ.get(CEILING_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise InputError(f"{CEILING_ENV}={raw!r} is not a number of gigabytes",
+                         hint="e.g. ATOM_HEAP_CEILING=12, or 0 for no ceiling; unset: each training stage's estimate")
+    return value
+
+
+def set_ceiling(need: int) -> None:
+    """What a training stage's memory check calls with its estimated peak in bytes: the guard's ceiling from now on,
+    unless ATOM_HEAP_CEILING fixes it. Nothing to do without a running guard."""
+    if guard is not None and ceiling_gb() is None:
+        guard.ceiling = need
+
+
 def available_share() -> float | None:
     """MemAvailable / MemTotal (each within the process's cgroup limit), or None where there is no /proc/meminfo."""
     fields = sysmem.meminfo()
@@ -147,17 +181,21 @@ def in_use_bytes(libc) -> int | None:
 
 class Guard(threading.Thread):
     """Hands the heap's free pages back (`malloc_trim(0)`) whenever available memory is below `share` of the total,
-    or the process's resident memory has outgrown its recent peak in use (the bound in the module docstring).
+    the process's resident memory has outgrown its recent peak in use (the bound in the module docstring), or it is
+    above `ceiling` bytes (the ceiling, ibid.).
 
     A trim after which memory is still short handed back little: the memory is in use, not free in the heap, and
     trimming again at once would only cost page faults. So the wait before the next look doubles after each such
     trim (up to MAX_WAIT_S) and drops back to `interval` once memory is not short."""
 
-    def __init__(self, libc, share: float, interval: float = GUARD_INTERVAL_S, bound: float | None = BOUND_SHARE):
+    def __init__(self, libc, share: float, interval: float = GUARD_INTERVAL_S, bound: float | None = BOUND_SHARE,
+                 ceiling: int | None = None):
         super().__init__(name="atom-heap-guard", daemon=True)
-        self.libc, self.share, self.interval, self.bound = libc, share, interval, bound
+        self.libc, self.share, self.interval, self.bound, self.ceiling = libc, share, interval, bound, ceiling
         self.trims = 0
         self.bound_trims = 0   # of those, the trims for the bound (memory was not short)
+        self.ceiling_trims = 0  # and those for the ceiling
+        self.last_ceiling_trim: float | None = None
         self.recent: list[tuple[float, int]] = []  # (time, bytes in use), the last WINDOW_S seconds
         self.outside = 0  # resident bytes a bound trim could not hand back (code, Python's arenas): not the heap's
         self.last_bound_trim: float | None = None  # time.monotonic() of the last trim for the bound
@@ -176,6 +214,25 @@ class Guard(threading.Thread):
         peak = max(b for _, b in self.recent)
         cooled = self.last_bound_trim is None or now - self.last_bound_trim >= BOUND_COOLDOWN_S
         return cooled and rss * 2**20 > peak * (1 + self.bound) + BOUND_MIN_BYTES + self.outside
+
+    def over_ceiling(self) -> bool:
+        """Is resident memory above the ceiling, with the last trim for it CEILING_COOLDOWN_S ago or more?"""
+        if not self.ceiling:
+            return False
+        rss = resident_mb()
+        if rss is None or rss * 2**20 <= self.ceiling:
+            return False
+        return self.last_ceiling_trim is None or time.monotonic() - self.last_ceiling_trim >= CEILING_COOLDOWN_S
+
+    def trim_to_ceiling(self) -> None:
+        """Trim for the ceiling; when what stays resident is near the ceiling, the memory is in use, not the heap's
+        holes: lift the ceiling above it so the next looks do not trim pages about to be used again."""
+        self.trim()
+        self.ceiling_trims += 1
+        self.last_ceiling_trim = time.monotonic()
+        rss = resident_mb()
+        if rss is not None and self.ceiling and rss * 2**20 > CEILING_NEAR * self.ceiling:
+            self.ceiling = int(rss * 2**20 / CEILING_NEAR)
 
     def trim(self) -> None:
         self.trims += 1  # counted first: whoever sees the pages gone also sees the trim that handed them back
@@ -199,6 +256,8 @@ class Guard(threading.Thread):
         if now >= self.share:
             if self.over_bound():
                 self.trim_to_bound()
+            elif self.over_ceiling():
+                self.trim_to_ceiling()
             return self.interval
         self.trim()
         after = available_share()
@@ -258,9 +317,10 @@ def release() -> tuple[float | None, float | None]:
 def start(command: str | None) -> bool:
     """What `atom COMMAND` does first: keep the heap where the policy says so (module docstring); True if kept."""
     chosen = policy()
-    # a bad ATOM_HEAP_RESERVE or ATOM_HEAP_BOUND is refused by every command, not only by those that keep the heap
+    # a bad ATOM_HEAP_RESERVE, ATOM_HEAP_BOUND or ATOM_HEAP_CEILING is refused by every command, not only by those that keep the heap
     reserve()
     bound_share()
+    ceiling_gb()
     if chosen == RELEASE:
         return False
     if chosen == AUTO:
@@ -285,6 +345,7 @@ def retain() -> bool:
     # mallopt returns 1 on success: True when glibc accepted both
     ok = bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
     if ok and share > 0 and guard is None and available_share() is not None:
-        guard = Guard(libc, share, bound=bound_share())
+        fixed = ceiling_gb()
+        guard = Guard(libc, share, bound=bound_share(), ceiling=int(fixed * 2**30) if fixed else None)
         guard.start()
     return ok

@@ -14,6 +14,8 @@ between them. It prints a table and the ratios of each arm to the first one.
                                                           # today's code against an older commit's, same settings
     python bench/bench_sft_memory.py --preset real --arms real-unbounded,real --full --steps 40
                                                           # the kept heap with and without its bound
+    python bench/bench_sft_memory.py --preset real --arms real-noceiling,real --full --steps 60
+                                                          # and without its ceiling (the memory estimate)
     python bench/bench_sft_memory.py --preset real --arms real,real-in-13g --full --steps 20
                                                           # the same run inside a 13 GiB memory cgroup
 
@@ -55,13 +57,14 @@ ARMS = {
     "bf16": (["--precision", "bf16"], {}),
 }
 # The real preset's [sft] (one epoch; --steps bounds it here) and its arms: the same update in micro-batches of one
-# row, with and without gradient checkpointing; the kept heap without its bound (atomcli/heap.py).
+# row, with and without gradient checkpointing; the kept heap without its bound or its ceiling (atomcli/heap.py).
 REAL_BASE = ["--epochs", "1", "--lr", "2e-4", "--batch-size", "2", "--grad-accum", "2", "--max-length", "2048",
              "--warmup-ratio", "0.1", "--no-gradient-checkpointing", "--precision", "bf16", "--sampling", "length"]
 REAL_ARMS = {
     "real": ([], {}),
     "real-baseline": ([], {}),
     "real-unbounded": ([], {"ATOM_HEAP_BOUND": "0"}),
+    "real-noceiling": ([], {"ATOM_HEAP_CEILING": "0"}),
     "real-batch1": (["--batch-size", "1", "--grad-accum", "4"], {}),
     "real-batch1-ckpt": (["--batch-size", "1", "--grad-accum", "4", "--gradient-checkpointing"], {}),
     "real-in-13g": ([], {}),

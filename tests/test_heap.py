@@ -222,6 +222,111 @@ def test_run_all_samples_without_the_bound(monkeypatch, tmp_path):
     assert seen == [False] and guard.bounding
 
 
+def test_the_ceiling_trims_resident_memory_above_it_at_most_once_per_cooldown(monkeypatch):
+    """Memory is plentiful and the bound is off: resident memory above the ceiling is trimmed at once, bound lifted
+    or not, then not again within CEILING_COOLDOWN_S."""
+    gib = 1 << 30
+    clock, rss_mb = [0.0], [9 * 1024.0]
+    monkeypatch.setattr(heap, "available_share", lambda: 0.9)
+    monkeypatch.setattr(heap, "resident_mb", lambda: rss_mb[0])
+    monkeypatch.setattr(heap.time, "monotonic", lambda: clock[0])
+    libc = FakeLibc()
+    guard = heap.Guard(libc, share=0.2, bound=None, ceiling=10 * gib)
+    monkeypatch.setattr(heap, "guard", guard)
+    assert guard.tick(0.5) == 0.5 and libc.trims == 0          # 9 GiB under a 10 GiB ceiling
+    real_trim = guard.trim
+    monkeypatch.setattr(guard, "trim", lambda: (real_trim(), rss_mb.__setitem__(0, 4 * 1024.0)))  # hands holes back
+    rss_mb[0] = 11 * 1024.0
+    with heap.unbounded():                                      # sampling in run-all: the ceiling still holds
+        assert guard.tick(0.5) == 0.5 and libc.trims == 1 and guard.ceiling_trims == 1
+    rss_mb[0] = 11 * 1024.0                                     # the holes are back within a few steps
+    clock[0] += heap.CEILING_COOLDOWN_S - 1
+    guard.tick(0.5)
+    assert libc.trims == 1                                      # over it, within the cooldown...
+    clock[0] += 1
+    guard.tick(0.5)
+    assert libc.trims == 2 and guard.ceiling == 10 * gib        # ...and trimmed again once it is over
+
+
+def test_a_ceiling_below_what_is_in_use_follows_it_instead_of_trimming_at_every_look(monkeypatch):
+    """A trim that leaves resident memory near the ceiling found memory in use, not holes (the estimate was low
+    for this process): the ceiling is lifted above it."""
+    gib = 1 << 30
+    rss_mb = [12 * 1024.0]
+    monkeypatch.setattr(heap, "available_share", lambda: 0.9)
+    monkeypatch.setattr(heap, "resident_mb", lambda: rss_mb[0])
+    guard = heap.Guard(FakeLibc(), share=0.2, bound=None, ceiling=10 * gib)
+    guard.tick(0.5)
+    assert guard.ceiling_trims == 1 and guard.ceiling == int(12 * gib / heap.CEILING_NEAR)
+    guard.last_ceiling_trim = None                              # no cooldown: the lifted ceiling alone keeps it
+    guard.tick(0.5)
+    assert guard.ceiling_trims == 1
+    holes = heap.Guard(FakeLibc(), share=0.2, bound=None, ceiling=20 * gib)
+    rss_mb[0] = 21 * 1024.0
+    real_trim = holes.trim
+    monkeypatch.setattr(holes, "trim", lambda: (real_trim(), rss_mb.__setitem__(0, 5 * 1024.0)))
+    holes.tick(0.5)                                             # this trim handed 16 GiB of holes back
+    assert holes.ceiling_trims == 1 and holes.ceiling == 20 * gib
+
+
+def test_a_training_stages_memory_check_sets_the_ceiling_unless_the_variable_fixes_it(monkeypatch, tiny_model):
+    import transformers
+
+    from atomcli.train import memory
+    monkeypatch.setenv(memory.SKIP_ENV, "0")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model)
+    guard = heap.Guard(CountingLibc(), share=0.2)
+    monkeypatch.setattr(heap, "guard", guard)
+    monkeypatch.delenv(heap.CEILING_ENV, raising=False)
+    memory.check_training("sft", model, batch_rows=2, tokens_per_row=256, checkpointing=False, hint="h")
+    need = memory.training_bytes(memory.Shape.of(model), batch_rows=2, tokens_per_row=256, checkpointing=False)
+    assert guard.ceiling == need > 0
+    guard.ceiling = 5 << 30                                     # as retain() sets it from ATOM_HEAP_CEILING=5
+    monkeypatch.setenv(heap.CEILING_ENV, "5")
+    memory.check_training("sft", model, batch_rows=4, tokens_per_row=256, checkpointing=False, hint="h")
+    assert guard.ceiling == 5 << 30
+
+
+def test_a_bad_ceiling_is_a_one_line_error_and_zero_turns_it_off(monkeypatch, tmp_path):
+    monkeypatch.setenv(heap.CEILING_ENV, "0")
+    assert heap.ceiling_gb() == 0
+    monkeypatch.setenv(heap.CEILING_ENV, "12.5")
+    assert heap.ceiling_gb() == 12.5
+    proc = atom("show", tmp_path / "none.parquet", env={heap.CEILING_ENV: "12GB"})
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and err.strip().count("\n") == 0
+    assert "ATOM_HEAP_CEILING='12GB' is not a number of gigabytes" in err
+
+
+# under `retain`, memory plentiful, the bound off: a 512 MiB block freed below a live 64 MiB one is a hole the next,
+# larger block cannot reuse; resident memory (hole + blocks) then exceeds a 1 GiB ceiling, unless it is 0
+CEILING_PROBE = HELD.format(setup="", size=512 << 20) + r"""
+pin = libc.malloc(64 << 20)
+ctypes.memset(pin, 1, 64 << 20)
+libc.free(p)
+q = libc.malloc(600 << 20)
+ctypes.memset(q, 1, 600 << 20)
+held = heap.resident_mb()
+deadline = time.monotonic() + 10
+while heap.guard and held - heap.resident_mb() < 400 and time.monotonic() < deadline:
+    time.sleep(0.1)
+print(json.dumps({"held": held, "after": heap.resident_mb(), "ceiling_trims": heap.guard.ceiling_trims,
+                  "ceiling": heap.guard.ceiling}))
+"""
+
+
+@needs_glibc
+@pytest.mark.skipif(heap.available_share() is None, reason="the guard reads /proc/meminfo")
+@pytest.mark.parametrize("ceiling, trimmed", [("1", True), ("0", False)])
+def test_the_ceiling_hands_back_a_hole_that_put_resident_memory_above_it(ceiling, trimmed):
+    got = run_probe(CEILING_PROBE, {heap.ENV: heap.RETAIN, heap.RESERVE_ENV: "1e-9", heap.BOUND_ENV: "0",
+                                    heap.CEILING_ENV: ceiling})
+    assert (got["ceiling_trims"] >= 1) is trimmed
+    assert (got["held"] - got["after"] >= 400) is trimmed   # MB: the hole's pages left the process, or not
+    if trimmed:
+        assert got["ceiling"] == 2**30                      # the hole, not memory in use: the ceiling stays
+
+
 def test_without_mallinfo2_the_guard_only_watches_available_memory(monkeypatch):
     monkeypatch.setattr(heap, "available_share", lambda: 0.9)
     monkeypatch.setattr(heap, "resident_mb", lambda: 1e9)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from atomcli import heap
 from atomcli.errors import InputError
 
 GB = 2**30
@@ -109,14 +110,14 @@ def check_training(stage: str, model, *, batch_rows: int, tokens_per_row: int, c
                           checkpointing=checkpointing, trainable_params=trainable_params,
                           checkpointed_share=checkpointed_share, precision=precision) + extra_bytes
     check_fits(stage, need, hint)
+    heap.set_ceiling(need)  # the kept heap stays within what this check said the stage needs (atomcli/heap.py)
 
 
 def usable_bytes() -> int | None:
     """What a training stage of this process can reach: MemAvailable plus what the process already holds (the
     model, run-all's earlier stages), since the estimate is of the whole process's peak; None where not known."""
-    from atomcli.heap import resident_mb
     free = available_bytes()
-    return None if free is None else free + int((resident_mb() or 0) * 2**20)
+    return None if free is None else free + int((heap.resident_mb() or 0) * 2**20)
 
 
 def check_fits(stage: str, need: int, hint: str, *, available: int | None = None) -> None:

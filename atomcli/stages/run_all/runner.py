@@ -78,8 +78,9 @@ class Run:
         from atomcli import heap
         before, after = heap.release()
         if when and before is not None and after is not None:
-            trims = f"; guard trims so far {heap.guard.trims} ({heap.guard.bound_trims} for its bound)" \
-                if heap.guard is not None else ""
+            g = heap.guard
+            trims = f"; guard trims so far {g.trims} ({g.bound_trims} for its bound, {g.ceiling_trims} for its " \
+                    f"ceiling)" if g is not None else ""
             self.log(f"heap released {when}: resident {before:,.0f} -> {after:,.0f} MB{trims}")
 
     def grpo_stage(self, t: int, cfg, inp: Path, out: Path) -> dict:
