@@ -30,13 +30,14 @@ BOUND_COOLDOWN_S; ATOM_HEAP_BOUND=0 turns it off where memory is plentiful. run-
 `bench_rollout_arms.py`) and the heap is handed back before and after each training stage anyway; the reserve still
 applies there.
 
-Between two trims for the bound the heap can still grow by one window's holes, several GB in a long SFT whose batches
-change length. So the guard also keeps a ceiling: a training stage's memory check (atomcli/train/memory.py) sets it to
-the stage's estimated peak, the figure the check compared with the machine's memory, and resident memory above it is
-trimmed at once (at most once per CEILING_COOLDOWN_S), bound lifted or not. The process then stays within what its
-check said it needs. A trim that leaves resident memory near the ceiling shows the estimate was low for this process:
-the ceiling then follows what is in use instead of trimming at every look. ATOM_HEAP_CEILING sets it in GB instead
-of the estimate, `0` turns it off.
+Between two trims for the bound the heap can still grow by one window's holes, several GB in a long SFT whose
+batches change length. So the guard also keeps a ceiling: a training stage's memory check (atomcli/train/memory.py)
+sets it to the stage's estimated peak, the figure the check compared with the machine's memory (in run-all, the
+largest of its stages' estimates), and resident memory above it is trimmed at once (at most once per
+CEILING_COOLDOWN_S), bound lifted or not. The process then stays within what its check said it needs. A trim that
+leaves resident memory near the ceiling shows the estimate was low for this process: the ceiling then follows what
+is in use instead of trimming at every look. ATOM_HEAP_CEILING sets it in GB instead of the estimate, `0` turns it
+off.
 
 Where it applies: `retain()` is a tune for training on a CPU, where it was measured. `atom` calls `start(command)`
 when it starts, before torch allocates anything, and that retains the heap only for the commands that train
@@ -157,9 +158,10 @@ def ceiling_gb() -> float | None:
 
 def set_ceiling(need: int) -> None:
     """What a training stage's memory check calls with its estimated peak in bytes: the guard's ceiling from now on,
-    unless ATOM_HEAP_CEILING fixes it. Nothing to do without a running guard."""
+    unless ATOM_HEAP_CEILING fixes it or an earlier stage of this process set a higher one (run-all: its sampling
+    stages and smaller updates stay within its largest training stage's estimate). Nothing to do without a guard."""
     if guard is not None and ceiling_gb() is None:
-        guard.ceiling = need
+        guard.ceiling = max(guard.ceiling or 0, need)
 
 
 def available_share() -> float | None:
@@ -317,7 +319,8 @@ def release() -> tuple[float | None, float | None]:
 def start(command: str | None) -> bool:
     """What `atom COMMAND` does first: keep the heap where the policy says so (module docstring); True if kept."""
     chosen = policy()
-    # a bad ATOM_HEAP_RESERVE, ATOM_HEAP_BOUND or ATOM_HEAP_CEILING is refused by every command, not only by those that keep the heap
+    # a bad ATOM_HEAP_RESERVE, ATOM_HEAP_BOUND or ATOM_HEAP_CEILING is refused by every command, not only by those
+    # that keep the heap
     reserve()
     bound_share()
     ceiling_gb()

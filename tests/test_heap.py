@@ -269,7 +269,7 @@ def test_a_ceiling_below_what_is_in_use_follows_it_instead_of_trimming_at_every_
     assert holes.ceiling_trims == 1 and holes.ceiling == 20 * gib
 
 
-def test_a_training_stages_memory_check_sets_the_ceiling_unless_the_variable_fixes_it(monkeypatch, tiny_model):
+def test_a_training_stages_memory_check_raises_the_ceiling_unless_the_variable_fixes_it(monkeypatch, tiny_model):
     import transformers
 
     from atomcli.train import memory
@@ -281,6 +281,10 @@ def test_a_training_stages_memory_check_sets_the_ceiling_unless_the_variable_fix
     memory.check_training("sft", model, batch_rows=2, tokens_per_row=256, checkpointing=False, hint="h")
     need = memory.training_bytes(memory.Shape.of(model), batch_rows=2, tokens_per_row=256, checkpointing=False)
     assert guard.ceiling == need > 0
+    memory.check_training("sft", model, batch_rows=1, tokens_per_row=256, checkpointing=False, hint="h")
+    assert guard.ceiling == need                                # a smaller stage later in the process keeps it
+    memory.check_training("sft", model, batch_rows=8, tokens_per_row=256, checkpointing=False, hint="h")
+    assert guard.ceiling > need                                 # a larger one raises it
     guard.ceiling = 5 << 30                                     # as retain() sets it from ATOM_HEAP_CEILING=5
     monkeypatch.setenv(heap.CEILING_ENV, "5")
     memory.check_training("sft", model, batch_rows=4, tokens_per_row=256, checkpointing=False, hint="h")
@@ -306,11 +310,10 @@ ctypes.memset(pin, 1, 64 << 20)
 libc.free(p)
 q = libc.malloc(600 << 20)
 ctypes.memset(q, 1, 600 << 20)
-held = heap.resident_mb()
-deadline = time.monotonic() + 10
-while heap.guard and held - heap.resident_mb() < 400 and time.monotonic() < deadline:
+deadline = time.monotonic() + 10  # the guard looks twice a second; a loaded machine may keep its thread waiting
+while heap.guard.ceiling_trims == 0 and time.monotonic() < deadline:
     time.sleep(0.1)
-print(json.dumps({"held": held, "after": heap.resident_mb(), "ceiling_trims": heap.guard.ceiling_trims,
+print(json.dumps({"after": heap.resident_mb(), "ceiling_trims": heap.guard.ceiling_trims,
                   "ceiling": heap.guard.ceiling}))
 """
 
@@ -321,8 +324,9 @@ print(json.dumps({"held": held, "after": heap.resident_mb(), "ceiling_trims": he
 def test_the_ceiling_hands_back_a_hole_that_put_resident_memory_above_it(ceiling, trimmed):
     got = run_probe(CEILING_PROBE, {heap.ENV: heap.RETAIN, heap.RESERVE_ENV: "1e-9", heap.BOUND_ENV: "0",
                                     heap.CEILING_ENV: ceiling})
-    assert (got["ceiling_trims"] >= 1) is trimmed
-    assert (got["held"] - got["after"] >= 400) is trimmed   # MB: the hole's pages left the process, or not
+    assert (got["ceiling_trims"] >= 1) is trimmed, got
+    # MB: hole and blocks (512 + 64 + 600 and the interpreter) stay resident above the ceiling, or the hole left
+    assert (got["after"] < 1024) is trimmed, got
     if trimmed:
         assert got["ceiling"] == 2**30                      # the hole, not memory in use: the ceiling stays
 

@@ -95,3 +95,42 @@ def test_what_the_process_already_holds_counts_as_usable(monkeypatch):
     monkeypatch.setattr(heap, "resident_mb", lambda: 0.0)
     with pytest.raises(InputError, match="sft needs about"):
         memory.check_training("sft", tiny, batch_rows=1, tokens_per_row=16, checkpointing=False, hint="x")
+
+
+def test_a_stage_that_fits_only_inside_the_kept_heaps_reserve_gets_a_warning(monkeypatch):
+    """It fits, but its peak leaves less free than the guard's reserve: the heap would be handed back at about every
+    step. The warning names the settings that lower the peak; without a guard (heap not kept) there is none."""
+    from atomcli import heap, sysmem
+    gb = memory.GB
+    monkeypatch.delenv(memory.CAP_ENV, raising=False)
+    monkeypatch.delenv(memory.SKIP_ENV, raising=False)
+    monkeypatch.setattr(sysmem, "meminfo", lambda: {"MemTotal": 13 * gb, "MemAvailable": 12 * gb})
+    monkeypatch.setattr(heap, "guard", heap.Guard(None, share=0.2))
+    assert memory.check_fits("sft", 9 * gb, "lower --batch-size", available=12 * gb) is None  # 3 GB left >= 2.6
+    note = memory.check_fits("sft", 10 * gb, "lower --batch-size", available=12 * gb)       # 2 GB left
+    assert note is not None and "leaves 2.0 GB free" in note and "reserve of 2.6 GB" in note
+    assert "lower --batch-size" in note
+    monkeypatch.setenv(memory.CAP_ENV, "11")  # the reserve of the smaller machine the cap stands for: 2.2 GB
+    assert "reserve of 2.2 GB" in memory.check_fits("sft", 9 * gb, "x", available=12 * gb)
+    monkeypatch.delenv(memory.CAP_ENV)
+    monkeypatch.setattr(heap, "guard", None)
+    assert memory.check_fits("sft", 10 * gb, "x", available=12 * gb) is None
+
+
+def test_sft_logs_the_warning_when_its_peak_would_eat_into_the_reserve(tiny_model, tmp_path):
+    import transformers
+    row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<answer>a</answer>"}]}
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps(row) + "\n")
+    shape = memory.Shape.of(transformers.AutoModelForCausalLM.from_pretrained(tiny_model))
+    need = memory.training_bytes(shape, batch_rows=1, tokens_per_row=256, checkpointing=False, precision="fp32")
+    flags = ["--max-steps", "1", "--batch-size", "1", "--grad-accum", "1", "--pad-multiple", "256", "--precision",
+             "fp32", "--no-gradient-checkpointing"]
+    for share_left, warned in ((0.1, True), (0.3, False)):  # of the capped machine, against a reserve of 0.2
+        cap = need / (1 - share_left) / memory.GB
+        r = atom("sft", str(data), "--model", str(tiny_model), "--out", str(tmp_path / f"ckpt-{warned}"), *flags,
+                 env={memory.CAP_ENV: f"{cap:.6f}", "ATOM_HEAP": "retain", "ATOM_HEAP_RESERVE": "0.2"})
+        err = " ".join(r.stderr.decode().split())  # the console wraps long lines
+        assert r.returncode == 0, err
+        assert ("under the kept heap's reserve" in err) is warned, err
+        assert "sft: 1 steps" in err

@@ -231,7 +231,8 @@ def run(table, config: GRPOConfig, context):
     loss = loss_settings(config)
     pad_id = tok.pad_token_id or 0
     mbs = micro_batches(batch, loss, world, device, pad_id=pad_id)
-    _check_memory(model, mbs, config, policy)
+    if warning := _check_memory(model, mbs, config, policy):
+        context.log(f"[yellow]note:[/] {warning}")
     local = torch.tensor([float(sum(mb.loss_mask.sum().item() for mb in mbs))], dtype=torch.float64)
     if accel.all_sum(accelerator, local).item() != batch.n_tokens - batch.skipped_tokens:
         raise RuntimeError("ranks read different tables (sampled-token counts disagree)")
@@ -313,20 +314,22 @@ def _check_launch(accelerator, config: GRPOConfig) -> None:
                          "--multi_gpu), or train all weights under FSDP")
 
 
-def _check_memory(model, mbs, config: GRPOConfig, policy) -> None:
-    """Stop before the update when its largest micro-batch cannot fit the memory available (train/memory.py)."""
+def _check_memory(model, mbs, config: GRPOConfig, policy) -> str | None:
+    """Stop before the update when its largest micro-batch cannot fit the memory available (train/memory.py); the
+    check's warning when it fits only tightly."""
     from atomcli.train import accel, memory
     if not mbs:
-        return
+        return None
     rows, length = max((tuple(mb.input_ids.shape) for mb in mbs), key=lambda s: s[0] * s[1])
     # with the KL term and no adapter to switch off, a reference model's weights are resident too
     ref = 4 * memory.Shape.of(model).params if config.beta > 0 and not policy.ref_is_adapter_off else 0
-    memory.check_training("grpo-step", model, batch_rows=rows, tokens_per_row=length,
-                          checkpointing=config.gradient_checkpointing, trainable_params=0 if config.lora else None,
-                          checkpointed_share=memory.GRPO_CHECKPOINTED_SHARE, extra_bytes=ref,
-                          precision=accel.resolve_precision(config.precision),
-                          hint="lower --micro-batch, turn on --gradient-checkpointing, or roll out shorter "
-                               "trajectories (--max-turns, --max-new-tokens)")
+    return memory.check_training("grpo-step", model, batch_rows=rows, tokens_per_row=length,
+                                 checkpointing=config.gradient_checkpointing,
+                                 trainable_params=0 if config.lora else None,
+                                 checkpointed_share=memory.GRPO_CHECKPOINTED_SHARE, extra_bytes=ref,
+                                 precision=accel.resolve_precision(config.precision),
+                                 hint="lower --micro-batch, turn on --gradient-checkpointing, or roll out shorter "
+                                      "trajectories (--max-turns, --max-new-tokens)")
 
 
 def _check_config(config: GRPOConfig) -> None:

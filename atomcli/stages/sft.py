@@ -82,7 +82,8 @@ def run(table, config: SFTConfig, context):
         context.quiet = True
     model, tok = models.load(config.model, context, trust_remote_code=config.trust_remote_code)
     examples, how = build_examples(table, tok)
-    _check_memory(model, examples, config)
+    if warning := _check_memory(model, examples, config):
+        context.log(f"[yellow]note:[/] {warning}")
     n_tokens = sum(sum(m) for m in examples["completion_mask"])
     if n_tokens == 0:
         raise InputError("no assistant tokens to train on", column="messages",
@@ -121,17 +122,19 @@ def run(table, config: SFTConfig, context):
                                   base=checkpoint.spec_id(config.model))
 
 
-def _check_memory(model, examples: dict, config: SFTConfig) -> None:
-    """Stop before the first step when the largest micro-batch cannot fit the memory available (train/memory.py)."""
+def _check_memory(model, examples: dict, config: SFTConfig) -> str | None:
+    """Stop before the first step when the largest micro-batch cannot fit the memory available (train/memory.py);
+    the check's warning when it fits only tightly."""
     from atomcli.train import accel, memory
     longest = min(config.max_length, max((len(ids) for ids in examples["input_ids"]), default=0))
     if config.pad_multiple > 0:
         longest = -(-longest // config.pad_multiple) * config.pad_multiple
-    memory.check_training("sft", model, batch_rows=config.batch_size, tokens_per_row=longest,
-                          checkpointing=config.gradient_checkpointing, trainable_params=0 if config.lora else None,
-                          precision=accel.resolve_precision(config.precision),
-                          hint="lower --batch-size (raise --grad-accum for the same update), turn on "
-                               "--gradient-checkpointing, or lower --max-length")
+    return memory.check_training("sft", model, batch_rows=config.batch_size, tokens_per_row=longest,
+                                 checkpointing=config.gradient_checkpointing,
+                                 trainable_params=0 if config.lora else None,
+                                 precision=accel.resolve_precision(config.precision),
+                                 hint="lower --batch-size (raise --grad-accum for the same update), turn on "
+                                      "--gradient-checkpointing, or lower --max-length")
 
 
 def _fmt(x):

@@ -100,17 +100,18 @@ def _cap() -> int | None:
 
 def check_training(stage: str, model, *, batch_rows: int, tokens_per_row: int, checkpointing: bool,
                    trainable_params: int | None = None, checkpointed_share: float = CHECKPOINTED_SHARE,
-                   extra_bytes: int = 0, precision: str = "fp32", hint: str) -> None:
+                   extra_bytes: int = 0, precision: str = "fp32", hint: str) -> str | None:
     """`check_fits` for training `model` on the CPU in `precision` (resolved; a CUDA run is not checked: see the
-    module docstring)."""
+    module docstring); returns its warning, if any, for the stage's log."""
     import torch
     if torch.cuda.is_available():
-        return
+        return None
     need = training_bytes(Shape.of(model), batch_rows=batch_rows, tokens_per_row=tokens_per_row,
                           checkpointing=checkpointing, trainable_params=trainable_params,
                           checkpointed_share=checkpointed_share, precision=precision) + extra_bytes
-    check_fits(stage, need, hint)
+    warning = check_fits(stage, need, hint)
     heap.set_ceiling(need)  # the kept heap stays within what this check said the stage needs (atomcli/heap.py)
+    return warning
 
 
 def usable_bytes() -> int | None:
@@ -120,20 +121,31 @@ def usable_bytes() -> int | None:
     return None if free is None else free + int((heap.resident_mb() or 0) * 2**20)
 
 
-def check_fits(stage: str, need: int, hint: str, *, available: int | None = None) -> None:
+def check_fits(stage: str, need: int, hint: str, *, available: int | None = None) -> str | None:
     """Refuse (InputError, exit 2) when `need` bytes exceed the memory usable now (`usable_bytes`, at most
-    ATOM_MEMORY_GB); quiet where neither is known."""
+    ATOM_MEMORY_GB); quiet where neither is known. A stage that fits but whose peak would leave less free than the
+    kept heap's reserve gets a warning (returned): the heap guard would then hand the heap back at about every step,
+    and each step would fault its pages in again, slower than a smaller micro-batch."""
     import os
+
+    from atomcli import sysmem
     if os.environ.get(SKIP_ENV, "") == "0":
-        return
+        return None
     have = usable_bytes() if available is None else available
     cap = _cap()
     capped = cap is not None and (have is None or cap < have)
     if capped:
         have = cap
-    if have is None or need <= have:
-        return
-    from atomcli import sysmem
+    if have is None:
+        return None
+    if need <= have:
+        total = cap if capped else sysmem.meminfo().get("MemTotal")
+        keep = heap.guard.share * total if heap.guard is not None and total else 0
+        if have - need >= keep:
+            return None
+        return (f"{stage}'s estimated peak of {need / GB:.1f} GB leaves {(have - need) / GB:.1f} GB free, under the "
+                f"kept heap's reserve of {keep / GB:.1f} GB: the heap will be handed back at about every step, "
+                f"which slows each step; to avoid that, {hint}")
     where = f"as {CAP_ENV} asks" if capped else sysmem.describe()  # read only for the refusal
     digits = 1
     while digits < 3 and f"{need / GB:.{digits}f}" == f"{have / GB:.{digits}f}":  # never "needs 13.2 ... 13.2 is"
