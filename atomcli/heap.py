@@ -27,8 +27,8 @@ steps use (bench/RESULTS.md, "The process heap"); with it the heap keeps about o
 pages. Each such trim costs page faults when the pages are used again, so the bound trims at most once per
 BOUND_COOLDOWN_S; ATOM_HEAP_BOUND=0 turns it off where memory is plentiful. run-all lifts the bound while it samples
 (`unbounded()`: its rollouts and evals), where those page faults slowed the sampling (bench/RESULTS.md,
-`bench_rollout_arms.py`) and the heap is handed back before and after each training stage anyway; the reserve still
-applies there.
+`bench_rollout_arms.py`) and the heap is handed back before and after each training stage anyway; the reserve and
+the ceiling below still apply there (without a ceiling the bound is not lifted).
 
 Between two trims for the bound the heap can still grow by one window's holes, several GB in a long SFT whose
 batches change length. So the guard also keeps a ceiling: a training stage's memory check (atomcli/train/memory.py)
@@ -289,10 +289,11 @@ def resident_mb() -> float | None:
 
 @contextlib.contextmanager
 def unbounded():
-    """No trims for the bound inside this block (the reserve still applies): what run-all does around its sampling
-    stages (module docstring). Nothing to do without a running guard."""
+    """No trims for the bound inside this block (the reserve and the ceiling still apply): what run-all does around
+    its sampling stages (module docstring). Nothing to do without a running guard, and the bound stays where no
+    ceiling limits the heap (ATOM_HEAP_CEILING=0, or a resumed run-all before its first training stage's check)."""
     g = guard
-    if g is None:
+    if g is None or not g.ceiling:
         yield
         return
     before, g.bounding = g.bounding, False

@@ -185,7 +185,7 @@ def test_the_guard_trims_a_heap_that_outgrew_its_recent_peak_in_use(monkeypatch)
 
 def test_unbounded_lifts_only_the_bound_while_sampling(monkeypatch):
     """run-all samples inside `heap.unbounded()`: a heap over its bound is kept there and trimmed after it, and
-    memory that runs short is still handed back."""
+    memory that runs short is still handed back. Without a ceiling the bound is not lifted."""
     gib = 1 << 30
     share = [0.9]
     monkeypatch.setattr(heap, "available_share", lambda: share[0])
@@ -194,6 +194,9 @@ def test_unbounded_lifts_only_the_bound_while_sampling(monkeypatch):
     libc.used = gib
     guard = heap.Guard(libc, share=0.2, interval=0.5)
     monkeypatch.setattr(heap, "guard", guard)
+    with heap.unbounded():
+        assert guard.bounding                              # no ceiling: the bound is all that limits the heap
+    guard.ceiling = 20 * gib
     with heap.unbounded():
         assert guard.tick(0.5) == 0.5 and libc.trims == 0
         share[0] = 0.1                                     # short of memory: the reserve still trims
@@ -206,10 +209,10 @@ def test_unbounded_lifts_only_the_bound_while_sampling(monkeypatch):
 
 
 def test_run_all_samples_without_the_bound(monkeypatch, tmp_path):
-    """Run.rollout_stage (run-all's rollouts and evals) runs inside heap.unbounded()."""
+    """Run.rollout_stage (run-all's rollouts and evals) runs inside heap.unbounded() (under a ceiling)."""
     from atomcli.stages import rollout_io
     from atomcli.stages.run_all.runner import Run
-    guard = heap.Guard(CountingLibc(), share=0.2)
+    guard = heap.Guard(CountingLibc(), share=0.2, ceiling=1 << 30)
     monkeypatch.setattr(heap, "guard", guard)
     seen = []
     monkeypatch.setattr(rollout_io, "run_to_file", lambda *a, **k: seen.append(guard.bounding))
