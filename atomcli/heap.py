@@ -113,7 +113,8 @@ def policy() -> str:
 
 
 def _env_share(name: str, default: float, top: float, what: str, hint: str) -> float:
-    """A number from 0 to below `top` read from the environment variable `name` (`default` when unset)."""
+    """A number from 0 to below `top` read from the environment variable `name` (`default` when unset); a share, or
+    for the ceiling a number of GB."""
     from atomcli.errors import InputError
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -142,18 +143,10 @@ def bound_share() -> float | None:
 
 def ceiling_gb() -> float | None:
     """ATOM_HEAP_CEILING in GB (2**30 bytes): a number, 0 for no ceiling; None when unset (the stages' estimates)."""
-    from atomcli.errors import InputError
-    raw = os.environ.get(CEILING_ENV, "").strip()
-    if not raw:
+    if not os.environ.get(CEILING_ENV, "").strip():
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise InputError(f"{CEILING_ENV}={raw!r} is not a number of gigabytes",
-                         hint="e.g. ATOM_HEAP_CEILING=12, or 0 for no ceiling; unset: each training stage's estimate")
-    return value
+    return _env_share(CEILING_ENV, 0.0, float("inf"), "a number of gigabytes",
+                      "e.g. ATOM_HEAP_CEILING=12, or 0 for no ceiling; unset: each training stage's estimate")
 
 
 def set_ceiling(need: int) -> None:

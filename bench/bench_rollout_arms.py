@@ -16,6 +16,8 @@ Arms:
   retain    today's code with ATOM_HEAP=retain, the kept heap a run-all process samples with
   retain-unbounded  the same without the kept heap's bound (ATOM_HEAP_BOUND=0)
   release   today's code with ATOM_HEAP=release: glibc's defaults whatever the command
+  retain-ceiling  retain-unbounded under a 4 GB ceiling (ATOM_HEAP_CEILING=4): what a run-all process samples with,
+            the ceiling there being its training stages' estimate; 4 GB lies below this rollout's kept heap
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {"now": {}, "baseline": {}, "retain": {"ATOM_HEAP": "retain"},
-        "retain-unbounded": {"ATOM_HEAP": "retain", "ATOM_HEAP_BOUND": "0"}, "release": {"ATOM_HEAP": "release"}}
+        "retain-unbounded": {"ATOM_HEAP": "retain", "ATOM_HEAP_BOUND": "0"}, "release": {"ATOM_HEAP": "release"},
+        "retain-ceiling": {"ATOM_HEAP": "retain", "ATOM_HEAP_BOUND": "0", "ATOM_HEAP_CEILING": "4"}}
 
 
 def run_arm(name: str, args, work: Path, code: Path) -> dict:
