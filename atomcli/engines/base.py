@@ -42,6 +42,7 @@ class Engine(Protocol):
     name: str                  # the model spec it was made for
     tokenizer: Any             # a transformers tokenizer of the policy
     max_positions: int | None  # the model's context limit; None: the server knows its own
+    pool_factor: int           # trajectories the rollout keeps going per row of --batch-size (HFEngine refills rows)
 
     def generate(self, requests: list[GenRequest]) -> list[GenResult]: ...
 

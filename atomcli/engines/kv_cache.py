@@ -121,11 +121,7 @@ class GrowLayer(DynamicLayer):
         self._sync()
         b, want = self._k.shape[0], self._k.shape[0] + len(rows)
         if self._rows_k.shape[0] < want:
-            shape = (want, *self._k.shape[1:])
-            k, v = self._k.new_zeros(shape), self._v.new_zeros(shape)
-            k[:b, :, :self._n] = self._k[:, :, :self._n]
-            v[:b, :, :self._n] = self._v[:, :, :self._n]
-            self._own(k, v)
+            self._regrow((want, *self._k.shape[1:]))
         self._k, self._v = self._rows_k[:want], self._rows_v[:want]
         for r, (keys, values) in enumerate(rows):
             m = keys.shape[-2]
@@ -140,13 +136,17 @@ class GrowLayer(DynamicLayer):
         self._sync()
         if k <= 0 or self._k is None:
             return
-        shape = (*self._k.shape[:2], max(self._k.shape[-2], self._n + k), self._k.shape[-1])
-        nk, nv = self._k.new_zeros(shape), self._v.new_zeros(shape)
-        nk[:, :, k:k + self._n] = self._k[:, :, :self._n]
-        nv[:, :, k:k + self._n] = self._v[:, :, :self._n]
-        self._own(nk, nv)
+        self._regrow((*self._k.shape[:2], max(self._k.shape[-2], self._n + k), self._k.shape[-1]), at=k)
         self._n += k
         self._expose()
+
+    def _regrow(self, shape: tuple[int, ...], at: int = 0) -> None:
+        """New zeroed buffers of `shape`, the live rows' filled slots copied into its first rows from slot `at` on."""
+        k, v = self._k.new_zeros(shape), self._v.new_zeros(shape)
+        b = self._k.shape[0]
+        k[:b, :, at:at + self._n] = self._k[:, :, :self._n]
+        v[:b, :, at:at + self._n] = self._v[:, :, :self._n]
+        self._own(k, v)
 
 
 def fill_holes(n: int, keep: list[int]) -> list[int]:

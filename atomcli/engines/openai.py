@@ -119,6 +119,7 @@ def make(config, context) -> "OpenAIEngine":
 
 class OpenAIEngine:
     kind = "openai"
+    pool_factor = 1  # one turn for --batch-size trajectories at a time, --concurrency requests in flight
     max_positions = None  # the server knows its own limit
 
     def __init__(self, spec: str, url: str, model: str, tok, *, concurrency: int = 8, timeout: float = 120.0,

@@ -283,7 +283,7 @@ def _loop(agent: Agent, engine, toolbox, episodes, questions, config, monitor, t
     while pending or active:
         # an engine that refills its rows within a turn (HFEngine) is handed more trajectories than it has rows,
         # so the rows stay busy while the turn's longest replies finish
-        while pending and len(active) < config.batch_size * getattr(engine, "pool_factor", 1):
+        while pending and len(active) < config.batch_size * engine.pool_factor:
             ep = pending.popleft()
             agent.start(ep, questions[ep.row])
             if ep.finish_reason:
