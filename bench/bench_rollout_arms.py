@@ -18,6 +18,7 @@ Arms:
   release   today's code with ATOM_HEAP=release: glibc's defaults whatever the command
   retain-ceiling  retain-unbounded under a 4 GB ceiling (ATOM_HEAP_CEILING=4): what a run-all process samples with,
             the ceiling there being its training stages' estimate; 4 GB lies below this rollout's kept heap
+  X@baseline  arm X's heap settings on the code of --baseline (e.g. retain-unbounded@baseline)
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def run_arm(name: str, args, work: Path, code: Path) -> dict:
         cmd[cmd.index(args.search)] = "local:" + str(Path(args.search.removeprefix("local:")).resolve())
     if args.config:
         cmd += ["--config", str(Path(args.config).resolve())]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **ARMS[name], "PYTHONPATH": str(code)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **ARMS[name.removesuffix("@baseline")], "PYTHONPATH": str(code)}
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=code)
     wall = time.time() - t0
@@ -76,23 +77,24 @@ def main() -> None:
     ap.add_argument("--baseline", default="", help="the commit the baseline arm runs")
     args = ap.parse_args()
     names = args.arms.split(",")
-    unknown = [n for n in names if n not in ARMS]
+    unknown = [n for n in names if n.removesuffix("@baseline") not in ARMS]
     if unknown:
         raise SystemExit(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
-    if "baseline" in names and not args.baseline:
+    on_old = [n for n in names if n == "baseline" or n.endswith("@baseline")]
+    if on_old and not args.baseline:
         raise SystemExit("the baseline arm runs older code: name its commit with --baseline REV")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         old = None
-        if "baseline" in names:
+        if on_old:
             old = work / "baseline-code"
             subprocess.run(["git", "worktree", "add", "--detach", str(old), args.baseline], check=True, cwd=ROOT,
                            capture_output=True)
         try:
             for name in names:
                 print(f"{name}: load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-                rows.append(run_arm(name, args, work, old if name == "baseline" else ROOT))
+                rows.append(run_arm(name, args, work, old if name in on_old else ROOT))
                 print({k: v for k, v in rows[-1].items() if k != "table"}, file=sys.stderr, flush=True)
             first = completions(rows[0]["table"])
             for r in rows:
@@ -101,10 +103,10 @@ def main() -> None:
             if old is not None:
                 subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, capture_output=True)
     f = rows[0]
-    print(f"{'arm':10} {'wall s':>7} {'tokens':>7} {'tok/s':>6} {'peak GB':>7} {'x time':>6} {'x peak':>6} "
+    print(f"{'arm':26} {'wall s':>7} {'tokens':>7} {'tok/s':>6} {'peak GB':>7} {'x time':>6} {'x peak':>6} "
           f"{'same':>5} {'load':>5}")
     for r in rows:
-        print(f"{r['arm']:10} {r['wall_s']:7.1f} {r['tokens']:7d} {r['tok_s']:6.1f} {r['peak_gb']:7.2f} "
+        print(f"{r['arm']:26} {r['wall_s']:7.1f} {r['tokens']:7d} {r['tok_s']:6.1f} {r['peak_gb']:7.2f} "
               f"{r['wall_s'] / f['wall_s']:6.2f} {r['peak_gb'] / f['peak_gb']:6.2f} {str(r['same']):>5} {r['load']:5.2f}")
 
 

@@ -62,26 +62,28 @@ class Run:
             rollout_io.run_to_file(rollout, table, cfg, self.ctx, out=str(out), fmt=None, resume=True)
 
     def train_stage(self, stage: str, mod, cfg, inp: Path, out: Path):
-        from atomcli import envelope
+        """Train a checkpoint in a child process (atomcli/stages/run_all/child.py says why) and adopt its heap
+        ceiling for the sampling that follows."""
+        from atomcli import heap
+        from atomcli.stages.run_all import child
         if (out / "config.json").exists():
             return
         self.log(f"{stage} ({cfg.model}) -> {out.relative_to(self.out)}")
+        self.ctx.forget_models()  # the child needs the memory; the sampling after it loads the new checkpoint
         self.release_heap()
-        envelope.table_to_checkpoint(stage, mod, cfg, str(inp), str(out), self.ctx)
-        self.ctx.forget_models()
-        self.release_heap(f"after {stage}")
+        got = child.train(stage, mod, cfg, inp, out, self.ctx)
+        if got["ceiling"]:
+            heap.set_ceiling(got["ceiling"])
+        self.log(f"{stage} trained in a child process (its heap guard trimmed {got['trims']} times: "
+                 f"{got['bound_trims']} for its bound, {got['ceiling_trims']} for its ceiling; resident at its end "
+                 f"{got['resident_mb'] or 0:,.0f} MB)")
 
-    def release_heap(self, when: str = "") -> None:
+    def release_heap(self) -> None:
         """Hand the heap's free pages back (heap.release) around each training stage: the sampling before it leaves
-        holes sized for KV caches, the training leaves holes sized for activations, and a kept heap would carry
-        both into the next stage's peak."""
+        holes sized for KV caches, which a training child does not need the parent to keep, and an in-process
+        grpo-step leaves holes sized for activations, which the sampling after it does not need."""
         from atomcli import heap
-        before, after = heap.release()
-        if when and before is not None and after is not None:
-            g = heap.guard
-            trims = f"; guard trims so far {g.trims} ({g.bound_trims} for its bound, {g.ceiling_trims} for its " \
-                    f"ceiling)" if g is not None else ""
-            self.log(f"heap released {when}: resident {before:,.0f} -> {after:,.0f} MB{trims}")
+        heap.release()
 
     def grpo_stage(self, t: int, cfg, inp: Path, out: Path) -> dict:
         """grpo-step on the resident policy (atomcli.train.resident): it continues in memory, and its
