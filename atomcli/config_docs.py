@@ -21,7 +21,7 @@ from atomcli import config as cfgmod
 # section -> (module, dataclass, what the section configures); the order of config.SECTIONS
 CLASSES = {
     "run-all": ("atomcli.stages.run_all", "RunAllConfig",
-                "`atom run-all`: the whole recipe in one process. Its keys are read from the file only (no flags); "
+                "`atom run-all`: the whole recipe from one command. Its keys are read from the file only (no flags); "
                 "the stage sections below configure the stages it runs."),
     "sft": ("atomcli.stages.sft", "SFTConfig", "`atom sft`: supervised fine-tuning on trajectories."),
     "rollout": ("atomcli.stages.rollout", "RolloutConfig",

@@ -27,7 +27,7 @@ steps use (bench/RESULTS.md, "The process heap"); with it the heap keeps about o
 pages. Each such trim costs page faults when the pages are used again, so the bound trims at most once per
 BOUND_COOLDOWN_S; ATOM_HEAP_BOUND=0 turns it off where memory is plentiful. run-all lifts the bound while it samples
 (`unbounded()`: its rollouts and evals), where those page faults slowed the sampling (bench/RESULTS.md,
-`bench_rollout_arms.py`) and the heap is handed back before and after each training stage anyway; the reserve and
+`bench_rollout_arms.py`) and the heap is handed back around each training stage anyway; the reserve and
 the ceiling below still apply there (without a ceiling the bound is not lifted).
 
 Between two trims for the bound the heap can still grow by one window's holes, several GB in a long SFT whose
@@ -298,9 +298,10 @@ def unbounded():
 
 def release() -> tuple[float | None, float | None]:
     """Hand the heap's free pages back now (`malloc_trim(0)` after a garbage collection); (resident MB before,
-    after). run-all calls it after each training stage: the stage's freed activations and logits leave a heap of
-    holes sized for training batches, which the sampling that follows does not need (without this call a run-all
-    process ran the same rollouts slower after its SFT than a fresh process; with it, as fast)."""
+    after). run-all calls it before each training stage (the sampling's KV caches leave holes the training does not
+    need) and after an in-process GRPO update (its freed activations leave holes sized for training batches). It
+    hands pages back but cannot move what is still in use, so run-all trains its checkpoints in a child process
+    (atomcli/stages/run_all/child.py)."""
     import gc
     before = resident_mb()
     gc.collect()

@@ -151,3 +151,13 @@ def test_run_all_adopts_the_childs_ceiling_for_its_sampling(tiny_model, tmp_path
     assert heap.guard.ceiling == 5 * 2**30
     assert "trained in a child process (its heap guard trimmed 3 times: 1 for its bound, 2 for its ceiling" \
         in logged[-1]
+
+
+def test_a_script_that_calls_it_without_a_main_guard_runs_once(tiny_model, tmp_path):
+    """The child is its own program: the caller's script is not run again in it (multiprocessing's spawn would)."""
+    script = tmp_path / "mine.py"
+    script.write_text(TRAIN_FOREVER.replace("max_steps=100000", "max_steps=1") + "print('top level ran')\n")
+    r = subprocess.run([sys.executable, str(script), str(tiny_model), str(_data(tmp_path)), str(tmp_path / "ckpt")],
+                       capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("top level ran") == 1 and (tmp_path / "ckpt" / "config.json").exists()

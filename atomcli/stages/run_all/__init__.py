@@ -1,4 +1,4 @@
-"""`atom run-all`: the whole recipe in one process, writing what the piped chain would write.
+"""`atom run-all`: the whole recipe from one command, writing what the piped chain would write.
 
 SFT, then optional rejection-sampling rounds (`rft_rounds`: sample answers, keep the right ones with `atom rft`,
 tune the SFT checkpoint on them; with `rft_soup` the rounds' checkpoints averaged), then N GRPO steps of

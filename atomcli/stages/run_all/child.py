@@ -1,12 +1,12 @@
 """run-all's checkpoint-writing training stages (its SFT, the rejection-sampling rounds' tunes) in a child process.
 
-Why: a process that has trained samples slower afterwards. In one process, the real preset's round-1 rollout ran
-at about 0.8x the pace it had in a fresh process on the same checkpoint and questions, with the same CPU profile
-(bench/RESULTS.md): what training leaves behind (a heap of holes sized for its activations, scattered over many
-GB) makes the same sampling work slower. A child started afresh (`spawn`, not `fork`: a forked child would inherit
-that heap and OpenMP's threads) trains, saves its checkpoint and exits, and everything it allocated goes back to the
-system with it; run-all's own process only samples. grpo-step stays in-process: it continues the resident policy in
-memory (atomcli/train/resident.py).
+Why: a process that has trained samples slower afterwards. In one process after an SFT, the real preset's round-1
+rollout kept a slower pace than in a fresh process on the same checkpoint and questions, with the same CPU profile,
+only slower (bench/RESULTS.md); what training leaves behind in the process is the cause, its heap of holes sized for
+activations over many GB the suspect. A child started afresh (a new interpreter, not `fork`: a forked child would
+inherit that heap and OpenMP's threads) trains, saves its checkpoint and exits, and everything it allocated goes
+back to the system with it; run-all's own process only samples. grpo-step stays in-process: it continues the
+resident policy in memory (atomcli/train/resident.py).
 
 The child keeps the heap as `atom sft` does (atomcli/heap.py) and runs the same envelope as the command. It reports
 back its heap guard's ceiling, which run-all's process adopts for its sampling as before, and its trims. An
@@ -31,62 +31,84 @@ class StageFailed(RuntimeError):
     """A training stage's child failed in a way that is not the user's input: its traceback, or its signal."""
 
 
+# The child's whole program: the parent's sys.path first (run-all may run from a source folder), then the job.
+# `python -c` rather than multiprocessing's spawn, which would run the caller's main module again in the child.
+CHILD = ("import pickle, sys; sys.path[:0] = [p for p in pickle.load(sys.stdin.buffer) if p not in sys.path]; "
+         "from atomcli.stages.run_all.child import main; main(int(sys.argv[1]), int(sys.argv[2]))")
+
+
 def train(stage: str, mod, cfg, inp, out, ctx) -> dict:
     """`envelope.table_to_checkpoint(stage, mod, cfg, inp, out, ...)` in a fresh child process; returns what the
     child reports: its pid, its heap guard's ceiling (bytes or None), trims and resident MB at the end."""
-    import multiprocessing
+    import pickle
+    import subprocess
+    import sys
 
     from atomcli.errors import InputError
-    mp = multiprocessing.get_context("spawn")
-    recv, send = mp.Pipe(duplex=False)
-    proc = mp.Process(target=_child, name=f"atom-{stage}",
-                      args=(send, os.getpid(), stage, mod.__name__, cfg, str(inp), str(out), ctx.quiet, str(ctx.home)))
-    proc.start()
-    send.close()  # the child holds the only writing end: recv() raises EOFError when it dies without a word
+    job = (stage, mod.__name__, cfg, str(inp), str(out), ctx.quiet, str(ctx.home))
+    r, w = os.pipe()
     try:
-        try:
-            kind, payload = recv.recv()
-        except EOFError:
-            kind, payload = "died", None
-        proc.join()
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(w), str(os.getpid())], stdin=subprocess.PIPE,
+                                pass_fds=(w,))
     finally:
-        if proc.is_alive():  # run-all itself was interrupted (Ctrl-C reaches both; make sure)
-            proc.terminate()
-            proc.join()
-        recv.close()
+        os.close(w)  # the child holds the only writing end: the reply ends when it exits
+    with os.fdopen(r, "rb") as reply:
+        try:
+            try:
+                pickle.dump(sys.path, proc.stdin)
+                pickle.dump(job, proc.stdin)
+                proc.stdin.close()
+            except BrokenPipeError:  # it died before it read the job: its exit code says how
+                pass
+            data = reply.read()
+            proc.wait()
+        finally:
+            if proc.poll() is None:  # run-all itself was interrupted (Ctrl-C reaches both; make sure)
+                proc.terminate()
+                proc.wait()
+    kind, payload = pickle.loads(data) if data else ("died", None)
     if kind == "ok":
         return payload
     if kind == "input":
         raise InputError(payload.pop("what"), **payload)
     if kind == "error":
         raise StageFailed(f"{stage} failed in its child process:\n{payload}")
-    code = proc.exitcode
+    code = proc.returncode
     how = f"was killed by signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0 else \
         f"exited with code {code}"
     hint = " (SIGKILL: often the out-of-memory killer; see `dmesg`)" if code == -signal.SIGKILL else ""
     raise StageFailed(f"{stage}'s child process {how} before it finished{hint}")
 
 
-def _child(send, parent: int, stage: str, module: str, cfg, inp: str, out: str, quiet: bool, home: str) -> None:
+def main(reply_fd: int, parent: int) -> None:
+    """The child: die with the parent, keep the heap as `atom <stage>` does, run the job read from stdin, and write
+    the outcome to `reply_fd` (pickled: "ok" and the report, "input" and the InputError's fields, or "error" and a
+    traceback)."""
+    import pickle
+    import sys
     _die_with(parent)
+    with os.fdopen(reply_fd, "wb") as reply:
+        reply.write(pickle.dumps(_run(pickle.load(sys.stdin.buffer))))
+
+
+def _run(job) -> tuple[str, object]:
+    stage, module, cfg, inp, out, quiet, home = job
     from atomcli import heap
-    heap.start(stage)  # the kept heap and its guard where `atom <stage>` has them
-    from atomcli import envelope
-    from atomcli.context import Context
     from atomcli.errors import InputError
     try:
+        heap.start(stage)  # the kept heap and its guard where `atom <stage>` has them
+        from atomcli import envelope
+        from atomcli.context import Context
         envelope.table_to_checkpoint(stage, importlib.import_module(module), cfg, inp, out,
                                      Context(quiet=quiet, home=Path(home)))
     except InputError as e:
-        send.send(("input", {"what": e.what, "file": e.file, "row": e.row, "column": e.column, "hint": e.hint}))
-        return
+        return "input", {"what": e.what, "file": e.file, "row": e.row, "column": e.column, "hint": e.hint}
     except BaseException:  # noqa: BLE001 - everything goes back to run-all, which decides
-        send.send(("error", traceback.format_exc()))
-        return
+        return "error", traceback.format_exc()
     g = heap.guard
-    send.send(("ok", {"pid": os.getpid(), "ceiling": g.ceiling if g else None, "trims": g.trims if g else 0,
-                      "bound_trims": g.bound_trims if g else 0, "ceiling_trims": g.ceiling_trims if g else 0,
-                      "resident_mb": heap.resident_mb()}))
+    return "ok", {"pid": os.getpid(), "ceiling": g.ceiling if g else None, "trims": g.trims if g else 0,
+                  "bound_trims": g.bound_trims if g else 0, "ceiling_trims": g.ceiling_trims if g else 0,
+                  "resident_mb": heap.resident_mb()}
 
 
 def _die_with(parent: int) -> None:
