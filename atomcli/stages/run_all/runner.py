@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -71,6 +72,9 @@ class Run:
         self.log(f"{stage} ({cfg.model}) -> {out.relative_to(self.out)}")
         self.ctx.forget_models()  # the child needs the memory; the sampling after it loads the new checkpoint
         self.release_heap()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # and the GPU memory this process's caching allocator still holds
         got = child.train(stage, mod, cfg, inp, out, self.ctx)
         if got["ceiling"]:
             heap.set_ceiling(got["ceiling"])
