@@ -66,8 +66,10 @@ def test_an_input_error_comes_back_as_the_same_one_line(tiny_model, tmp_path, mo
 
 def test_a_failure_in_the_child_is_an_error_with_its_traceback(tmp_path):
     nowhere = types.ModuleType("atomcli_no_such_stage")  # the child cannot import it
-    with pytest.raises(child.StageFailed, match="(?s)sft failed in its child process.*ModuleNotFoundError"):
+    with pytest.raises(child.StageFailed, match="^sft failed in its child process: ModuleNotFoundError") as e:
         child.train("sft", nowhere, None, tmp_path / "in", tmp_path / "out", Context(quiet=True))
+    assert "\n" not in str(e.value)  # one line; the child's whole traceback is the cause
+    assert isinstance(e.value.__cause__, child.ChildTraceback) and "Traceback" in str(e.value.__cause__)
 
 
 class _KilledOnArrival:

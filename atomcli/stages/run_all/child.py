@@ -28,7 +28,12 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class StageFailed(RuntimeError):
-    """A training stage's child failed in a way that is not the user's input: its traceback, or its signal."""
+    """A training stage's child failed in a way that is not the user's input: the last line of its traceback (the
+    whole traceback is the cause, a ChildTraceback), or its signal."""
+
+
+class ChildTraceback(Exception):
+    """The child's own traceback, as text."""
 
 
 # The child's whole program: the parent's sys.path first (run-all may run from a source folder), then the job.
@@ -48,8 +53,9 @@ def train(stage: str, mod, cfg, inp, out, ctx) -> dict:
     job = (stage, mod.__name__, cfg, str(inp), str(out), ctx.quiet, str(ctx.home))
     r, w = os.pipe()
     try:
+        # its stdout is run-all's stderr: run-all's stdout is data, and a training stage only logs
         proc = subprocess.Popen([sys.executable, "-c", CHILD, str(w), str(os.getpid())], stdin=subprocess.PIPE,
-                                pass_fds=(w,))
+                                stdout=2, pass_fds=(w,))
     finally:
         os.close(w)  # the child holds the only writing end: the reply ends when it exits
     with os.fdopen(r, "rb") as reply:
@@ -71,8 +77,9 @@ def train(stage: str, mod, cfg, inp, out, ctx) -> dict:
         return payload
     if kind == "input":
         raise InputError(payload.pop("what"), **payload)
-    if kind == "error":
-        raise StageFailed(f"{stage} failed in its child process:\n{payload}")
+    if kind == "error":  # one line; the child's traceback is its cause (shown with --debug)
+        last = payload.strip().splitlines()[-1] if payload.strip() else "no traceback"
+        raise StageFailed(f"{stage} failed in its child process: {last}") from ChildTraceback(payload)
     code = proc.returncode
     how = f"was killed by signal {-code} ({signal.Signals(-code).name})" if code is not None and code < 0 else \
         f"exited with code {code}"
