@@ -54,8 +54,8 @@ def arm(args) -> None:
             envelope.table_to_checkpoint("sft", sft, cfg, args.sft_data, str(work / "sft"), ctx)
         ctx.forget_models()
         heap.release()
-    if heap.guard is not None and not heap.guard.ceiling and args.ceiling:
-        heap.guard.ceiling = int(args.ceiling * 2**30)  # the fresh arm: no SFT set one
+    if args.ceiling:  # the fresh arm's stand-in for the SFT's estimate (a higher one set by an SFT stays)
+        heap.set_ceiling(int(args.ceiling * 2**30))
     r = dataclasses.replace(config.build(rollout.RolloutConfig, config.section(data, "rollout")), model=args.model,
                             search=args.search, group_size=args.group_size, seed=args.seed)
     table = envelope.read_input(args.questions, "rollout")
