@@ -270,10 +270,19 @@ guard: Guard | None = None  # the running guard, once retain() has started it
 
 def resident_mb() -> float | None:
     """The process's resident size in MB (VmRSS), or None where /proc has none."""
+    return _status_mb("VmRSS:")
+
+
+def peak_resident_mb() -> float | None:
+    """The process's largest resident size so far in MB (VmHWM), or None where /proc has none."""
+    return _status_mb("VmHWM:")
+
+
+def _status_mb(field: str) -> float | None:
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1]) / 1024
     except (OSError, ValueError, IndexError):
         pass

@@ -48,7 +48,8 @@ def test_the_child_trains_the_checkpoint_the_process_itself_would(tiny_model, tm
     assert got["pid"] != os.getpid()
     a, b = _weights(tmp_path / "child"), _weights(tmp_path / "here")
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
-    assert set(got) >= {"ceiling", "trims", "bound_trims", "ceiling_trims", "resident_mb"}
+    assert set(got) >= {"ceiling", "trims", "bound_trims", "ceiling_trims", "resident_mb", "peak_mb"}
+    assert got["peak_mb"] >= got["resident_mb"] > 0  # the child's own figures (VmHWM, VmRSS), not this process's
 
 
 def test_an_input_error_comes_back_as_the_same_one_line(tiny_model, tmp_path, monkeypatch):
@@ -145,14 +146,15 @@ def test_run_all_adopts_the_childs_ceiling_for_its_sampling(tiny_model, tmp_path
     from atomcli.stages.run_all.runner import Run
     monkeypatch.setattr(heap, "guard", heap.Guard(None, share=0.2))
     monkeypatch.setattr(child, "train", lambda *a: {"pid": 1, "ceiling": 5 * 2**30, "trims": 3, "bound_trims": 1,
-                                                    "ceiling_trims": 2, "resident_mb": 900.0})
+                                                    "ceiling_trims": 2, "resident_mb": 900.0,
+                                                    "peak_mb": 2500.0})
     logged = []
     run = types.SimpleNamespace(ctx=Context(quiet=True), out=tmp_path, log=logged.append,
                                 release_heap=lambda: None)
     Run.train_stage(run, "sft", sft, _cfg(tiny_model), tmp_path / "in", tmp_path / "ckpt")
     assert heap.guard.ceiling == 5 * 2**30
-    assert "trained in a child process (its heap guard trimmed 3 times: 1 for its bound, 2 for its ceiling" \
-        in logged[-1]
+    assert "trained in a child process (its heap guard trimmed 3 times: 1 for its bound, 2 for its ceiling; " \
+        "resident at its peak 2,500 MB, at its end 900 MB; this process " in logged[-1]
 
 
 def test_a_script_that_calls_it_without_a_main_guard_runs_once(tiny_model, tmp_path):

@@ -202,3 +202,20 @@ def test_length_sampling_batches_rows_of_similar_length(tiny_model, tok):
     assert padding("random", pad_multiple=64) > shuffled
     with pytest.raises(InputError, match="length, random"):
         sft.run(table, sft.SFTConfig(model=str(tiny_model), sampling="sorted"), Context(quiet=True))
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_checkpointing_reaches_the_trainer_without_a_deprecation_warning(tiny_model, tok, on):
+    """`gradient_checkpointing` is passed under the name the installed transformers has (5.25 renamed it to
+    `activation_checkpointing` and warns at every SFT on the old one), and both names read the setting."""
+    import warnings
+    table = pa.table({"messages": schema.array("messages", [messages(q, a) for q, a in FACTS])})
+    examples, _ = sft.build_examples(table, tok)
+    model, _ = models.load(str(tiny_model))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer, out_dir = sft._trainer(model, tok, examples, sft.SFTConfig(gradient_checkpointing=on))
+    shutil.rmtree(out_dir)
+    assert not [w for w in caught if "checkpointing" in str(w.message)]
+    assert trainer.args.gradient_checkpointing is on
+    assert getattr(trainer.args, "activation_checkpointing", on) is on

@@ -44,7 +44,8 @@ CHILD = ("import pickle, sys; sys.path[:0] = [p for p in pickle.load(sys.stdin.b
 
 def train(stage: str, mod, cfg, inp, out, ctx) -> dict:
     """`envelope.table_to_checkpoint(stage, mod, cfg, inp, out, ...)` in a fresh child process; returns what the
-    child reports: its pid, its heap guard's ceiling (bytes or None), trims and resident MB at the end."""
+    child reports: its pid, its heap guard's ceiling (bytes or None), trims, and its resident MB at the end and at
+    its peak (the footprint of the run is run-all's own plus this)."""
     import pickle
     import subprocess
     import sys
@@ -115,7 +116,7 @@ def _run(job) -> tuple[str, object]:
     g = heap.guard
     return "ok", {"pid": os.getpid(), "ceiling": g.ceiling if g else None, "trims": g.trims if g else 0,
                   "bound_trims": g.bound_trims if g else 0, "ceiling_trims": g.ceiling_trims if g else 0,
-                  "resident_mb": heap.resident_mb()}
+                  "resident_mb": heap.resident_mb(), "peak_mb": heap.peak_resident_mb()}
 
 
 def _die_with(parent: int) -> None:

@@ -79,8 +79,9 @@ class Run:
         if got["ceiling"]:
             heap.set_ceiling(got["ceiling"])
         self.log(f"{stage} trained in a child process (its heap guard trimmed {got['trims']} times: "
-                 f"{got['bound_trims']} for its bound, {got['ceiling_trims']} for its ceiling; resident at its end "
-                 f"{got['resident_mb'] or 0:,.0f} MB)")
+                 f"{got['bound_trims']} for its bound, {got['ceiling_trims']} for its ceiling; resident at its peak "
+                 f"{got['peak_mb'] or 0:,.0f} MB, at its end {got['resident_mb'] or 0:,.0f} MB; this process "
+                 f"{heap.resident_mb() or 0:,.0f} MB)")
 
     def release_heap(self) -> None:
         """Hand the heap's free pages back (heap.release) around each training stage: the sampling before it leaves
