@@ -81,6 +81,8 @@ def main() -> int:
             log.write(f"{time.monotonic() - t0:.0f},{len(sizes)},{rss // 1024},{pss // 1024},{one // 1024}\n")
             log.flush()
         time.sleep(a.every)
+    if log:
+        log.close()
     minutes = (time.monotonic() - t0) / 60
     print(f"tree_peak: {minutes:.1f} min, exit {proc.returncode}; peak over the tree: RSS {peak_rss / 1e6:.2f} GB "
           f"({peak_procs} processes), PSS {peak_pss / 1e6:.2f} GB; largest single process {peak_one / 1e6:.2f} GB "

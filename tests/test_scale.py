@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 
 from atomcli import scale
+from atomcli.train.checkpointing import enable as enable_checkpointing
 
 torch = pytest.importorskip("torch")
 
@@ -102,10 +103,7 @@ def saved_bytes(shape: scale.Shape, dtype, batch: int, seq: int, padded: bool, c
     model = qwen2(shape, torch.float32 if autocast else dtype)
     model.train()
     if checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.25's name (non-reentrant)
-            model.activation_checkpointing_enable()
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     ids = torch.randint(0, shape.vocab, (batch, seq))
     mask = torch.ones(batch, seq, dtype=torch.long)
     if padded:

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from atomcli.agent.episode import turn_spans
 from atomcli.config import opt
 from atomcli.errors import InputError, unknown_choice
+from atomcli.train import checkpointing
 from atomcli.train.grpo import (Batch, LossSettings, Trajectory, World, fill_old_logprobs, fill_ref_logprobs,
                                 grpo_update, make_optimizer, micro_batches)
 
@@ -455,15 +456,12 @@ def prepare_for_training(model, config: GRPOConfig) -> None:
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
     if config.gradient_checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2 name (non-reentrant)
-            model.activation_checkpointing_enable()
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpointing.enable(model)
 
 
 def finish_training(model, config: GRPOConfig) -> None:
     if config.gradient_checkpointing:
-        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+        checkpointing.disable(model)
     model.eval()
 
 

@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar
 
 from atomcli.config import Removed, opt
@@ -270,12 +270,9 @@ def _trainer(model, tok, examples: dict, config: SFTConfig):
     from trl import SFTConfig as TRLSFTConfig
     from trl import SFTTrainer
 
-    from atomcli.train import accel
+    from atomcli.train import accel, checkpointing
 
     out_dir = tempfile.mkdtemp(prefix="atom-sft-")
-    # transformers 5.25 renamed the argument and warns at every SFT on the old name; older 5.x have only the old one
-    names = {f.name for f in fields(TRLSFTConfig)}
-    checkpointing = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     args = TRLSFTConfig(
         output_dir=out_dir, completion_only_loss=True, use_cpu=not torch.cuda.is_available(),
         bf16=accel.resolve_precision(config.precision) == "bf16",
@@ -284,7 +281,7 @@ def _trainer(model, tok, examples: dict, config: SFTConfig):
         lr_scheduler_type=config.lr_scheduler, warmup_steps=config.warmup_ratio,  # a float < 1 is a ratio
         seed=config.seed, train_sampling_strategy=SAMPLING[config.sampling],
         max_length=config.max_length, pad_to_multiple_of=config.pad_multiple or None,
-        **{checkpointing: config.gradient_checkpointing},
+        **{checkpointing.trainer_arg(TRLSFTConfig): config.gradient_checkpointing},
         report_to="none", disable_tqdm=True, logging_steps=1, save_strategy="no", dataloader_num_workers=0,
     )
     peft_config = None
